@@ -1,0 +1,46 @@
+// What every kernel backend hands the runtime for one kernel key: a table of
+// contract functions plus how it was made. The runtime's kernel registry
+// (runtime/kernel_registry.h) picks and caches these; backends never see
+// layers, caches or weights.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernel_contract.h"
+#include "kernel_key.h"
+
+namespace g3 {
+
+struct BackendKernels {
+  g3_kernel_table table{};      // null entries: stage not provided by this backend
+  std::string isa;              // the ISA the code targets ("avx2", "avx3", "scalar", ...)
+  bool specialised = true;      // false: a generic kernel with runtime parameters
+  double compile_ms = 0;        // JIT: time from request to ready
+  bool cached = false;          // JIT: loaded from the on-disk cache
+  std::string note;             // e.g. why a fallback happened
+  std::shared_ptr<void> owner;  // keeps JIT code alive while the table is used
+};
+
+// ISA names are Highway's targets in lower case.
+const std::vector<std::string>& isa_names();  // scalar ssse3 sse4 avx2 avx3 avx3_dl
+
+}  // namespace g3
+
+namespace g3 {
+
+// Entry points of the backend libraries; each exists only when its library is
+// built (the runtime checks G3_HIGHWAY_AVAILABLE, G3_LLVM_AVAILABLE,
+// G3_XBYAK_AVAILABLE). `isa` is a resolved name from isa_names(): for the
+// JITs it is a cap, not a demand. They throw InputError when they cannot
+// serve the request, with a message that says why.
+BackendKernels highway_kernels(const KernelKey& key, const std::string& isa);
+std::vector<std::string> highway_compiled_isas();
+
+bool llvm_available(std::string* why);
+BackendKernels llvm_kernels(const KernelKey& key, const std::string& isa);
+
+bool xbyak_available(const KernelKey& key, const std::string& isa, std::string* why);
+BackendKernels xbyak_kernels(const KernelKey& key, const std::string& isa);
+
+}  // namespace g3

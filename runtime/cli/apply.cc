@@ -1,0 +1,80 @@
+// g3attn apply: one layer's block on real weights and .npy inputs.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "apply.h"
+#include "args.h"
+#include "commands.h"
+#include "errors.h"
+#include "npy.h"
+
+namespace g3::cli {
+
+static std::vector<Option> apply_options() {
+  std::vector<Option> o = {
+      {"config", Arity::Value, "FILE", "HF config.json (required)"},
+      {"weights", Arity::Value, "FILE", "model.safetensors holding the layer (required)"},
+      {"input", Arity::Value, "FILE", "x.npy, float32 [B, T, hidden_size] (required)"},
+      {"positions", Arity::Value, "FILE", "positions.npy, int32 [B, T] (required)"},
+      {"attention-mask", Arity::Value, "FILE", "int32 [B, T], 1 = real token, 0 = padding (default: all real)"},
+      {"layer", Arity::Value, "L", "layer index (default: the config's layer_index)"},
+      {"out", Arity::Value, "FILE", "block output .npy, float32 [B, T, hidden_size] (required)"},
+      {"attn-out", Arity::Value, "FILE", "also write the attention output after o_proj"},
+      {"json", Arity::OptionalValue, "FILE", "a JSON summary: to stdout, or to FILE"},
+  };
+  for (auto& c : common_kernel_options()) o.push_back(c);
+  return o;
+}
+
+int cmd_apply(int argc, char** argv, int first) {
+  Args a("apply", apply_options(), argc, argv, first);
+  if (a.help()) {
+    std::cout << "Usage: g3attn apply --config C --weights W --input x.npy --positions p.npy\n"
+                 "                    [--attention-mask m.npy] [--layer L] --out block.npy [--attn-out attn.npy]\n"
+                 "Runs one layer's attention block (pre-norm, attention, post-norm, residual) with\n"
+                 "keys = this call's tokens: query t sees key s iff s <= t, s is real, and on local\n"
+                 "layers qpos - kpos < window. Rows of padding (mask 0) are don't-care.\n"
+                 "Outputs are written atomically; on bad input nothing is written.\n"
+                 "NaN or Inf in the inputs or weights propagate to the outputs.\n\n"
+              << a.usage();
+    return 0;
+  }
+  for (const char* req : {"config", "weights", "input", "positions", "out"})
+    if (!a.has(req)) throw InputError(std::string("--") + req + " is required (see g3attn apply --help)");
+  ApplyRequest r;
+  r.config = a.str("config");
+  r.weights = a.str("weights");
+  r.input = a.str("input");
+  r.positions = a.str("positions");
+  r.attention_mask = a.str("attention-mask");
+  if (a.has("layer")) r.layer = static_cast<int>(a.integer("layer", 0, 0, 1 << 20));
+  r.backend = a.str("backend", "auto");
+  r.isa = a.str("isa");
+  r.kv_dtype = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
+  if (a.has("attn-out") && a.str("attn-out") == a.str("out")) throw InputError("--out and --attn-out name the same file");
+
+  ApplyResult res = run_apply(r);
+  std::vector<int64_t> shape = {res.B, res.T, res.spec.hidden_size};
+  // Both outputs are complete before either is written; if the second write
+  // fails the first is removed, so a failure leaves nothing behind.
+  write_npy_f32(a.str("out"), res.block_out.data(), shape);
+  if (a.has("attn-out")) {
+    try {
+      write_npy_f32(a.str("attn-out"), res.attn_out.data(), shape);
+    } catch (...) {
+      std::remove(a.str("out").c_str());
+      throw;
+    }
+  }
+  if (a.has("json")) {
+    nlohmann::json j = {{"layer", res.spec.index},     {"kind", to_string(res.spec.kind)},
+                        {"backend", res.backend},      {"isa", res.isa},
+                        {"batch", res.B},              {"tokens", res.T},
+                        {"out", a.str("out")}};
+    emit_json(a, j.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace g3::cli

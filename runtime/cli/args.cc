@@ -1,0 +1,153 @@
+#include "args.h"
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "errors.h"
+#include "npy.h"
+
+namespace g3::cli {
+
+Args::Args(const std::string& command, const std::vector<Option>& options, int argc, char** argv, int first)
+    : command_(command), options_(options) {
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      help_ = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0)
+      throw InputError("g3attn " + command + ": unexpected argument '" + a + "' (see g3attn " + command + " --help)");
+    std::string name = a.substr(2), value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    const Option* opt = nullptr;
+    for (const auto& o : options_)
+      if (o.name == name) opt = &o;
+    if (!opt)
+      throw InputError("g3attn " + command + ": unknown option --" + name + " (see g3attn " + command + " --help)");
+    if (values_.count(name)) throw InputError("g3attn " + command + ": --" + name + " given twice");
+    if (opt->arity == Arity::Switch) {
+      if (inline_value) throw InputError("--" + name + " takes no value");
+    } else if (!inline_value) {
+      bool next_is_value = i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0;
+      if (next_is_value) value = argv[++i];
+      else if (opt->arity == Arity::Value) throw InputError("--" + name + " needs a value (" + opt->meta + ")");
+    }
+    if (opt->arity == Arity::Value && value.empty()) throw InputError("--" + name + " needs a non-empty value");
+    values_[name] = value;
+  }
+}
+
+std::string Args::str(const std::string& name, const std::string& def) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? def : it->second;
+}
+
+long long Args::integer(const std::string& name, long long def, long long lo, long long hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return def;
+  const std::string& s = it->second;
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used, 10);
+  } catch (...) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size()) throw InputError("--" + name + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi)
+    throw InputError("--" + name + ": " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<std::string> Args::list(const std::string& name, const std::string& def) const {
+  std::string s = str(name, def);
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  if (out.empty()) throw InputError("--" + name + ": empty list");
+  return out;
+}
+
+std::string Args::usage() const {
+  std::string s = "Options of g3attn " + command_ + ":\n";
+  for (const auto& o : options_) {
+    std::string lhs = "  --" + o.name;
+    if (o.arity == Arity::Value) lhs += " " + o.meta;
+    if (o.arity == Arity::OptionalValue) lhs += " [" + o.meta + "]";
+    if (lhs.size() < 28) lhs.resize(28, ' ');
+    else lhs += "\n" + std::string(28, ' ');
+    s += lhs + o.help + "\n";
+  }
+  s += "  --help                    this text\n";
+  return s;
+}
+
+std::vector<Option> common_kernel_options() {
+  return {
+      {"backend", Arity::Value, "NAME",
+       "reference|highway|llvm|xbyak|auto (default auto: see `g3attn --help`)"},
+      {"isa", Arity::Value, "NAME",
+       "scalar|ssse3|sse4|avx2|avx3|avx3_dl|best; caps JIT code too (default $G3ATTN_ISA, else best)"},
+      {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16 (default f32)"},
+  };
+}
+
+void emit_json(const Args& a, const std::string& text) {
+  std::string file = a.str("json");
+  if (file.empty()) {
+    std::cout << text << "\n";
+    return;
+  }
+  std::vector<uint8_t> bytes(text.begin(), text.end());
+  bytes.push_back('\n');
+  write_file_atomic(file, bytes);
+}
+
+std::string format_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      std::string cell = r[i];
+      if (i + 1 < r.size()) cell.resize(w[i] + 2, ' ');
+      line += cell;
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string fmt_double(double v, int precision) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+  return buf;
+}
+
+}  // namespace g3::cli
+
+namespace g3::cli {
+
+g3::ModelConfig model_from_args(const Args& a, const std::string& default_model) {
+  if (a.has("model") && a.has("config")) throw InputError("give either --model or --config, not both");
+  if (a.has("config")) return load_config_file(a.str("config"));
+  if (a.has("model")) return builtin_model(a.str("model"));
+  if (!default_model.empty()) return builtin_model(default_model);
+  throw InputError("--model NAME or --config FILE is required (models: 270m, 1b, 4b, 12b, 27b)");
+}
+
+}  // namespace g3::cli

@@ -1,0 +1,63 @@
+// g3attn: the command. Thin: parses arguments and calls the library.
+#include <cstring>
+#include <iostream>
+#include <new>
+
+#include "commands.h"
+#include "errors.h"
+
+namespace {
+
+const char* kHelp = R"(g3attn: the Gemma 3 attention block on CPU, specialised per model and layer kind.
+
+Usage: g3attn COMMAND [OPTIONS]    (g3attn COMMAND --help for its options)
+
+Commands:
+  plan      per-layer routing of a model: kind, window, RoPE, alpha, kernel key, backend, ISA
+  apply     run one layer's block on real weights and .npy inputs, write .npy outputs
+  run       the whole attention stack: chunked prefill + decode, timings, KV memory
+  bench     per-ISA, per-backend performance table with this machine's measured peaks
+  generate  write the specialised Highway sources of a model for another engine
+
+Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
+  llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), auto (default).
+  auto picks, per kernel key, the fastest backend this host and build support:
+  see the rule printed by `g3attn plan` in its "backend" column and README.
+ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
+  avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
+
+Environment:
+  G3ATTN_ISA        default for --isa
+  G3ATTN_CACHE_DIR  on-disk JIT kernel cache (default $XDG_CACHE_HOME/g3attn or ~/.cache/g3attn)
+
+Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace g3::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    std::cout << kHelp;
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "plan") return cmd_plan(argc, argv, 2);
+    if (cmd == "apply") return cmd_apply(argc, argv, 2);
+    if (cmd == "run") return cmd_run(argc, argv, 2);
+    if (cmd == "bench") return cmd_bench(argc, argv, 2);
+    if (cmd == "generate") return cmd_generate(argc, argv, 2);
+    std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate)\n";
+    return 2;
+  } catch (const g3::InputError& e) {
+    std::cerr << "g3attn " << cmd << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "g3attn " << cmd << ": out of memory\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "g3attn " << cmd << ": internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

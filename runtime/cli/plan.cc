@@ -1,0 +1,102 @@
+// g3attn plan: per-layer routing of a model (kind, window, RoPE, alpha,
+// kernel key, backend, ISA), as a table or JSON.
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "args.h"
+#include "commands.h"
+#include "errors.h"
+#include "isa.h"
+#include "kernel_key.h"
+#include "kernel_registry.h"
+
+namespace g3::cli {
+
+static std::vector<Option> plan_options() {
+  std::vector<Option> o = {
+      {"model", Arity::Value, "NAME", "built-in size: 270m|1b|4b|12b|27b"},
+      {"config", Arity::Value, "FILE", "an HF config.json instead of --model"},
+      {"json", Arity::OptionalValue, "FILE", "JSON instead of the table: to stdout, or to FILE"},
+      {"weight-dtype", Arity::Value, "T", "projection weight type in the kernel key f32|bf16 (default bf16)"},
+  };
+  for (auto& c : common_kernel_options()) o.push_back(c);
+  return o;
+}
+
+int cmd_plan(int argc, char** argv, int first) {
+  Args a("plan", plan_options(), argc, argv, first);
+  if (a.help()) {
+    std::cout << "Usage: g3attn plan --model NAME | --config FILE [--json [FILE]]\n"
+                 "Prints one row per layer: index, kind, window, rope base and scale, alpha,\n"
+                 "heads, KV heads, head_dim, kernel key, backend of the attention core, ISA.\n\n"
+              << a.usage();
+    return 0;
+  }
+  ModelConfig m = model_from_args(a);
+  std::string backend = parse_backend(a.str("backend", "auto"));
+  std::string isa = isa_from_flag(a.str("isa"));
+  DType kv = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
+  DType wt = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+
+  std::map<std::string, KernelChoice> choices;  // one per distinct key
+  nlohmann::json layers = nlohmann::json::array();
+  std::vector<std::vector<std::string>> table = {
+      {"layer", "kind", "window", "rope_base", "rope_scale", "alpha", "N", "Nkv", "head_dim", "key", "backend", "isa"}};
+  for (const LayerSpec& l : layer_specs(m)) {
+    KernelKey key = kernel_key(l, kv, wt);
+    auto it = choices.find(key.str());
+    if (it == choices.end()) it = choices.emplace(key.str(), kernels_for(key, backend, isa)).first;
+    const KernelChoice& c = it->second;
+    nlohmann::json j;
+    j["index"] = l.index;
+    j["kind"] = to_string(l.kind);
+    j["window"] = l.window > 0 ? nlohmann::json(l.window) : nlohmann::json(nullptr);
+    j["rope_base"] = l.rope_base;
+    j["rope_scale"] = l.rope_scale;
+    j["alpha"] = l.alpha;
+    j["num_heads"] = l.num_heads;
+    j["num_kv_heads"] = l.num_kv_heads;
+    j["head_dim"] = l.head_dim;
+    j["key"] = key.str();
+    j["backend"] = c.backend;
+    j["isa"] = c.kernels.isa;
+    j["specialised"] = c.kernels.specialised;
+    j["stages"] = {{"qk", c.stages[0]}, {"core", c.stages[1]}, {"gemm", c.stages[2]}, {"rmsnorm", c.stages[3]}};
+    if (!c.fallback.empty()) j["fallback"] = c.fallback;
+    if (c.backend == "llvm" || c.backend == "xbyak") {
+      j["compile_ms"] = c.kernels.compile_ms;
+      j["cached"] = c.kernels.cached;
+    }
+    layers.push_back(j);
+    std::string be = c.backend + (c.kernels.specialised ? "" : " (generic)");
+    table.push_back({std::to_string(l.index), to_string(l.kind), l.window > 0 ? std::to_string(l.window) : "-",
+                     fmt_double(l.rope_base), fmt_double(l.rope_scale), fmt_double(l.alpha, 9),
+                     std::to_string(l.num_heads), std::to_string(l.num_kv_heads), std::to_string(l.head_dim),
+                     key.str(), be, c.kernels.isa});
+  }
+  if (a.has("json")) {
+    nlohmann::json out;
+    out["model"] = {{"name", m.name}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers}};
+    out["layers"] = layers;
+    out["kernels_built"] = {{"highway", kernels_built("highway")},
+                            {"llvm", kernels_built("llvm")},
+                            {"xbyak", kernels_built("xbyak")}};
+    if (!m.defaulted.empty()) out["defaults_used"] = m.defaulted;
+    emit_json(a, out.dump(1));
+    return 0;
+  }
+  std::cout << "model " << m.name << ": hidden_size " << m.hidden_size << ", " << m.num_layers << " layers, "
+            << choices.size() << " distinct kernel keys\n";
+  if (!m.defaulted.empty()) {
+    std::cout << "HF defaults used for fields the config omits:";
+    for (const auto& d : m.defaulted) std::cout << " " << d;
+    std::cout << "\n";
+  }
+  std::cout << format_table(table);
+  for (const auto& [k, c] : choices)
+    if (!c.fallback.empty()) std::cout << "note: " << k << ": " << c.fallback << "\n";
+  return 0;
+}
+
+}  // namespace g3::cli
