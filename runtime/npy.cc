@@ -277,18 +277,14 @@ std::vector<uint8_t> npy_bytes(const char* descr, const void* data, const std::v
   header.append((64 - unpadded % 64) % 64, ' ');
   header += '\n';
   if (header.size() > 0xffff) throw InputError("cannot serialise .npy: header too long for format version 1.0");
-  std::vector<uint8_t> out;
-  out.reserve(10 + header.size() + n * 4);
-  out.insert(out.end(), kMagic, kMagic + 6);
-  out.push_back(1);
-  out.push_back(0);
-  uint16_t hlen = static_cast<uint16_t>(header.size());
-  out.push_back(static_cast<uint8_t>(hlen & 0xff));
-  out.push_back(static_cast<uint8_t>(hlen >> 8));
-  out.insert(out.end(), header.begin(), header.end());
-  size_t at = out.size();
-  out.resize(at + n * 4);
-  if (n) std::memcpy(out.data() + at, data, n * 4);
+  std::vector<uint8_t> out(10 + header.size() + n * 4);
+  std::memcpy(out.data(), kMagic, 6);
+  out[6] = 1;  // format version 1.0
+  out[7] = 0;
+  out[8] = static_cast<uint8_t>(header.size() & 0xff);
+  out[9] = static_cast<uint8_t>(header.size() >> 8);
+  std::memcpy(out.data() + 10, header.data(), header.size());
+  if (n) std::memcpy(out.data() + 10 + header.size(), data, n * 4);
   return out;
 }
 

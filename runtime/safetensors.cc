@@ -14,6 +14,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -320,15 +321,16 @@ void SafeTensorsFile::parse(const std::string& name) {
     const uint64_t esize = dtype_size(view.dtype);
 
     if (!sh->is_array()) fail(name, tname + ": \"shape\" is not an array");
-    // The element count is bounded by the data section, so any product past
-    // it is already a mismatch; stopping there also rules out overflow.
+    // The byte count is capped at 2^62 while multiplying so that it cannot
+    // overflow; anything that large cannot match a real byte span anyway.
+    const uint64_t max_numel = (uint64_t{1} << 62) / esize;
     uint64_t numel = 1;
     bool too_big = false;
     for (const json& d : *sh) {
       uint64_t u;
       if (!as_nonneg_int(d, &u)) fail(name, tname + ": \"shape\" must hold non-negative integers below 2^63, found " + printable(d.dump()));
       view.shape.push_back(static_cast<int64_t>(u));
-      if (!too_big && u != 0 && numel > data_size / esize / u) too_big = true;
+      if (!too_big && u != 0 && numel > max_numel / u) too_big = true;
       if (!too_big) numel *= u;
     }
     // A zero dimension makes the tensor empty however large the others are.
@@ -346,10 +348,13 @@ void SafeTensorsFile::parse(const std::string& name) {
     if (end > data_size)
       fail(name, tname + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                      "] run past the end of the data section (" + std::to_string(data_size) + " bytes)");
-    if (too_big || numel * esize != end - begin)
-      fail(name, tname + ": shape " + shape_str(view.shape) + " x " + dts + " (" + std::to_string(esize) +
-                     " bytes) does not match data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] (" +
-                     std::to_string(end - begin) + " bytes)");
+    const std::string span = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] span " +
+                             std::to_string(end - begin) + " bytes";
+    if (too_big)
+      fail(name, tname + ": shape " + shape_str(view.shape) + " x " + dts + " needs more than 2^62 bytes but " + span);
+    if (numel * esize != end - begin)
+      fail(name, tname + ": shape " + shape_str(view.shape) + " x " + dts + " needs " + std::to_string(numel * esize) +
+                     " bytes but " + span);
 
     view.name = key;
     view.data = data_base + begin;
