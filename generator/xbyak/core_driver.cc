@@ -1,0 +1,58 @@
+// The tile loop of the Xbyak backend, compiled once per instruction set.
+// No global -m flags: each copy is a region under `#pragma GCC target`, so
+// only these functions may use AVX2 or AVX-512, and the backend calls a copy
+// only after checking the CPU (xbyak_backend.cc).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "xbyak_core.h"
+
+namespace g3::xbyak {
+
+namespace {
+// bf16 rounding (round to nearest even) for the non-AVX-512 copy, where
+// to_bf16_pairs is never reached but must compile.
+[[maybe_unused]] inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+}  // namespace
+
+// GCC 12 reports the deliberately undefined pass-through operand inside
+// several AVX-512 intrinsics as "may be used uninitialized" (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,bmi,bmi2")
+#define G3X_NS avx512_impl
+#define G3X_VL 16
+#include "core_driver-inl.h"
+#undef G3X_NS
+#undef G3X_VL
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2")
+#define G3X_NS avx2_impl
+#define G3X_VL 8
+#include "core_driver-inl.h"
+#undef G3X_NS
+#undef G3X_VL
+#pragma GCC pop_options
+
+#pragma GCC diagnostic pop
+
+void core_avx512(const CoreContext* ctx, const g3_core_args* a) { avx512_impl::core(ctx, a); }
+void core_avx2(const CoreContext* ctx, const g3_core_args* a) { avx2_impl::core(ctx, a); }
+
+}  // namespace g3::xbyak

@@ -1,0 +1,421 @@
+// The Xbyak micro-kernels of the attention core: Q.K^T over head_dim and
+// the P.V accumulation (SPEC.md section 1.3 steps E and I), emitted per
+// CoreConfig in AVX2 or AVX-512, with vdpbf16ps for bf16 K/V where allowed.
+//
+// QK (f32, AVX-512, 12 rows, two key vectors; the inner loop is unrolled by 4
+// over head_dim; listing from G3ATTN_XBYAK_DUMP + objdump):
+//     vmovups zmm24,[rax]              ; K^T row h, keys 0..15
+//     vmovups zmm25,[rax+0x40]         ; keys 16..31
+//     vbroadcastss zmm26,[rdx]         ; q[row 0][h]
+//     vfmadd231ps zmm0,zmm24,zmm26     ; s[0][0..15]  += q[0][h] * k[0..15][h]
+//     vfmadd231ps zmm1,zmm25,zmm26     ; s[0][16..31] += q[0][h] * k[16..31][h]
+//     vbroadcastss zmm26,[rdx+0x400]   ; q[row 1][h] (row stride head_dim*4)
+//     ...                              ; rows 2..11: 22 more FMAs
+//     vmovups zmm24,[rax+0x80]         ; next h
+//     ...
+//     add rax,0x200 ; add rdx,0x10 ; sub rcx,4 ; jne
+// On the vdpbf16ps path the broadcast is vpbroadcastd of one bf16 pair of q
+// and vdpbf16ps replaces vfmadd231ps: each instruction does 32 MACs (pairs
+// of head_dim) instead of 16.
+//
+// PV (f32, AVX-512, 6 rows x 4 head_dim vectors held in zmm0..23; first the
+// accumulators are loaded and rescaled by the online-softmax factor,
+//     vbroadcastss zmm28,[r11] ; vmulps zmm0,zmm28,[r10] ; ... ; then):
+//     vmovups zmm24,[rcx]              ; v[k][h0..h0+15]
+//     vmovups zmm25,[rcx+0x40]
+//     vmovups zmm26,[rcx+0x80]
+//     vmovups zmm27,[rcx+0xc0]
+//     vbroadcastss zmm28,[rax]         ; p[row 0][k]
+//     vfmadd231ps zmm0,zmm24,zmm28     ; o[0][h0..] += p[0][k] * v[k][h0..]
+//     vfmadd231ps zmm1,zmm25,zmm28
+//     ...                              ; 24 FMAs per key
+//     add rax,4 ; add rcx,0x400 ; dec rdx ; jne
+// On the vdpbf16ps path v is the key-pair-interleaved repack of the bf16 V
+// tile and p one bf16 pair of keys, so one instruction covers two keys.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <xbyak/xbyak.h>
+#include <xbyak/xbyak_util.h>
+
+#include "xbyak_core.h"
+
+namespace g3::xbyak {
+
+namespace {
+
+using namespace Xbyak;
+
+constexpr size_t kCodeSize = 1 << 14;  // the largest kernel is about 6 KB
+
+// Common to both kernels: vector registers of the configured width.
+struct JitBase : CodeGenerator {
+  explicit JitBase(const CoreConfig& c) : CodeGenerator(kCodeSize), cfg(c) {}
+  const CoreConfig cfg;
+  Xmm vec(int i) const { return cfg.isa == Isa::Avx512 ? Xmm(Zmm(i)) : Xmm(Ymm(i)); }
+  int vbytes() const { return cfg.vl * 4; }
+  // Broadcast one dword (an f32 or a bf16 pair) into a vector register.
+  void bcast(const Xmm& x, const Address& a) {
+    if (cfg.bf16_dot) vpbroadcastd(x, a);
+    else vbroadcastss(x, a);
+  }
+  // acc += a * b: an FMA, or a pairwise bf16 dot product.
+  void mac(const Xmm& acc, const Xmm& a, const Xmm& b) {
+    if (cfg.bf16_dot) vdpbf16ps(acc, a, b);
+    else vfmadd231ps(acc, a, b);
+  }
+};
+
+// S[r][0..tk) = sum over d of q[r][d] * kt[d][0..tk), for r < rows.
+struct QkJit : JitBase {
+  // Named registers (System V: the argument block arrives in rdi).
+  const Reg64 reg_args = rdi, reg_q = r8, reg_kt = r9, reg_s = r10, reg_rows = r11;
+  const Reg64 reg_pk = rax, reg_pq = rdx, reg_cnt = rcx;
+  static constexpr int kNv = 2;  // key vectors per sub-tile
+
+  explicit QkJit(const CoreConfig& c) : JitBase(c) { generate(); }
+
+  Xmm acc(int r, int v) const { return vec(r * kNv + v); }
+  Xmm kreg(int v) const { return vec(cfg.qk_rows * kNv + v); }
+  Xmm breg() const { return vec(cfg.qk_rows * kNv + kNv); }
+
+  void generate() {
+    const int depth = cfg.qk_depth();
+    const int qrow = depth * 4;  // bytes per q row
+    const int RB = cfg.qk_rows;
+    mov(reg_q, ptr[reg_args + offsetof(QkCall, q)]);
+    mov(reg_kt, ptr[reg_args + offsetof(QkCall, kt)]);
+    mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
+    mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
+    // Full blocks of RB rows, then the remainder (< RB <= 16 rows) in
+    // blocks of 8, 4, 2 and 1: five row-block bodies in all keeps generation
+    // short (Xbyak emits an EVEX instruction in about 50 ns).
+    Label l_blocks, l_tail;
+    L(l_blocks);
+    cmp(reg_rows, RB);
+    jl(l_tail, T_NEAR);
+    block(RB, depth);
+    add(reg_q, RB * qrow);
+    add(reg_s, RB * cfg.kb * 4);
+    sub(reg_rows, RB);
+    jmp(l_blocks, T_NEAR);
+    L(l_tail);
+    for (int n = 8; n >= 1; n /= 2) {
+      if (n >= RB) continue;
+      Label skip;
+      cmp(reg_rows, n);
+      jl(skip, T_NEAR);
+      block(n, depth);
+      add(reg_q, n * qrow);
+      add(reg_s, n * cfg.kb * 4);
+      sub(reg_rows, n);
+      L(skip);
+    }
+    vzeroupper();
+    ret();
+  }
+
+  void block(int n, int depth) {
+    const int qrow = depth * 4, krow = cfg.tk * 4;
+    const int unroll = depth % 4 == 0 ? 4 : depth % 2 == 0 ? 2 : 1;
+    for (int r = 0; r < n; ++r)
+      for (int v = 0; v < kNv; ++v) vxorps(acc(r, v), acc(r, v), acc(r, v));
+    mov(reg_pk, reg_kt);
+    mov(reg_pq, reg_q);
+    mov(reg_cnt, depth);
+    Label loop;
+    L(loop);
+    for (int u = 0; u < unroll; ++u) {
+      for (int v = 0; v < kNv; ++v) vmovups(kreg(v), ptr[reg_pk + u * krow + v * vbytes()]);
+      for (int r = 0; r < n; ++r) {
+        bcast(breg(), ptr[reg_pq + r * qrow + u * 4]);
+        for (int v = 0; v < kNv; ++v) mac(acc(r, v), kreg(v), breg());
+      }
+    }
+    add(reg_pk, unroll * krow);
+    add(reg_pq, unroll * 4);
+    sub(reg_cnt, unroll);
+    jnz(loop, T_NEAR);
+    for (int r = 0; r < n; ++r)
+      for (int v = 0; v < kNv; ++v) vmovups(ptr[reg_s + r * cfg.kb * 4 + v * vbytes()], acc(r, v));
+  }
+};
+
+// Decode and other few-row tiles (up to 8 rows; 4 at a time in AVX-512, 2 in
+// AVX2): S = Q.K^T with K read in its cache layout, no transposition.
+// Vectors run along head_dim, so each (row, key) pair ends in a horizontal
+// sum; 4 keys x rows accumulators are live. With so few rows the loop is
+// bound by streaming K, and the transposition the QK kernel needs would
+// cost more than the sums (decode at G = 2, 4096 keys: 5x faster).
+//     vmovups zmm16,[rcx] ; ... zmm19,[rcx+0xc00]    ; 4 keys, 16 dims each
+//     vmovups zmm20,[rdx] ; vmovups zmm21,[rdx+0x400] ; q rows 0, 1, ...
+//     vfmadd231ps zmm0,zmm16,zmm20 ...               ; 4 x rows FMAs
+struct QkDirectJit : JitBase {
+  const Reg64 reg_args = rdi, reg_q = r8, reg_k = r9, reg_s = r10, reg_rows = r11;
+  const Reg64 reg_sw = rdi, reg_grp = rsi, reg_kg = rax, reg_kw = rcx, reg_qw = rdx, reg_cnt = rbx;
+  static constexpr int kKeys = 4;
+  const int max_rows;
+
+  explicit QkDirectJit(const CoreConfig& c) : JitBase(c), max_rows(c.isa == Isa::Avx512 ? 4 : 2) { generate(); }
+
+  Xmm acc(int r, int j) const { return vec(r * kKeys + j); }
+  Xmm kreg(int j) const { return vec(max_rows * kKeys + j); }
+  Xmm qreg(int r) const { return vec(max_rows * kKeys + kKeys + r); }
+  int tmp() const { return max_rows * kKeys + kKeys + max_rows; }
+  bool widen() const { return cfg.bf16_kv && !cfg.bf16_dot; }
+  int krow() const { return cfg.head_dim * (cfg.bf16_kv ? 2 : 4); }  // bytes per cache row
+  int steps() const { return cfg.bf16_dot ? cfg.head_dim / 32 : cfg.head_dim / cfg.vl; }
+
+  void generate() {
+    mov(reg_q, ptr[reg_args + offsetof(QkCall, q)]);
+    mov(reg_k, ptr[reg_args + offsetof(QkCall, kt)]);
+    mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
+    mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
+    push(reg_cnt);
+    Label l_blocks, l_tail;
+    L(l_blocks);
+    cmp(reg_rows, max_rows);
+    jl(l_tail, T_NEAR);
+    block(max_rows);
+    add(reg_q, max_rows * cfg.qk_depth() * 4);
+    add(reg_s, max_rows * cfg.kb * 4);
+    sub(reg_rows, max_rows);
+    jmp(l_blocks, T_NEAR);
+    L(l_tail);
+    for (int n = max_rows / 2; n >= 1; n /= 2) {
+      Label skip;
+      cmp(reg_rows, n);
+      jl(skip, T_NEAR);
+      block(n);
+      add(reg_q, n * cfg.qk_depth() * 4);
+      add(reg_s, n * cfg.kb * 4);
+      sub(reg_rows, n);
+      L(skip);
+    }
+    pop(reg_cnt);
+    vzeroupper();
+    ret();
+  }
+
+  void block(int n) {
+    const int qrow = cfg.qk_depth() * 4;
+    const int kstep = widen() ? cfg.vl * 2 : vbytes();  // bytes of K per vector
+    mov(reg_sw, reg_s);
+    mov(reg_kg, reg_k);
+    mov(reg_grp, cfg.kb / kKeys);
+    Label grp, dep;
+    L(grp);
+    for (int r = 0; r < n; ++r)
+      for (int j = 0; j < kKeys; ++j) vxorps(acc(r, j), acc(r, j), acc(r, j));
+    mov(reg_kw, reg_kg);
+    mov(reg_qw, reg_q);
+    mov(reg_cnt, steps());
+    L(dep);
+    for (int j = 0; j < kKeys; ++j) {
+      if (widen()) {
+        vpmovzxwd(kreg(j), ptr[reg_kw + j * krow()]);
+        vpslld(kreg(j), kreg(j), 16);
+      } else {
+        vmovups(kreg(j), ptr[reg_kw + j * krow()]);
+      }
+    }
+    for (int r = 0; r < n; ++r) vmovups(qreg(r), ptr[reg_qw + r * qrow]);
+    for (int r = 0; r < n; ++r)
+      for (int j = 0; j < kKeys; ++j) mac(acc(r, j), kreg(j), qreg(r));
+    add(reg_kw, kstep);
+    add(reg_qw, vbytes());
+    dec(reg_cnt);
+    jnz(dep, T_NEAR);
+    // Horizontal sums: (512 ->) 256 -> 128 -> 64 -> 32 bits.
+    const int t = tmp();
+    for (int r = 0; r < n; ++r)
+      for (int j = 0; j < kKeys; ++j) {
+        const int i = r * kKeys + j;
+        if (cfg.isa == Isa::Avx512) {
+          vextractf64x4(Ymm(t), Zmm(i), 1);
+          vaddps(Ymm(i), Ymm(i), Ymm(t));
+          vextractf32x4(Xmm(t), Ymm(i), 1);
+        } else {
+          vextractf128(Xmm(t), Ymm(i), 1);
+        }
+        vaddps(Xmm(i), Xmm(i), Xmm(t));
+        vmovhlps(Xmm(t), Xmm(t), Xmm(i));
+        vaddps(Xmm(i), Xmm(i), Xmm(t));
+        vmovshdup(Xmm(t), Xmm(i));
+        vaddss(Xmm(i), Xmm(i), Xmm(t));
+        vmovss(ptr[reg_sw + r * cfg.kb * 4 + j * 4], Xmm(i));
+      }
+    add(reg_kg, kKeys * krow());
+    add(reg_sw, kKeys * 4);
+    dec(reg_grp);
+    jnz(grp, T_NEAR);
+  }
+};
+
+// o[r][:] = o[r][:] * corr[r] + sum over k of p[r][k] * v[k][:], for r < rows.
+struct PvJit : JitBase {
+  const Reg64 reg_args = rdi, reg_p = r8, reg_v = r9, reg_o = r10, reg_corr = r11, reg_rows = rsi;
+  const Reg64 reg_pk = rax, reg_vk = rcx, reg_cnt = rdx, reg_hblk = rbx;
+
+  explicit PvJit(const CoreConfig& c) : JitBase(c) { generate(); }
+
+  Xmm acc(int r, int b) const { return vec(r * cfg.pv_vecs + b); }
+  Xmm vreg(int b) const { return vec(cfg.pv_rows * cfg.pv_vecs + b); }
+  Xmm breg() const { return vec(cfg.pv_rows * cfg.pv_vecs + cfg.pv_vecs); }
+
+  // Bytes per p row and per step of the key loop in v.
+  int prow() const { return cfg.bf16_dot ? cfg.kb * 2 : cfg.kb * 4; }
+  int vstep() const { return cfg.bf16_kv && !cfg.bf16_dot ? cfg.head_dim * 2 : cfg.head_dim * 4; }
+
+  void generate() {
+    const int RB = cfg.pv_rows;
+    mov(reg_p, ptr[reg_args + offsetof(PvCall, p)]);
+    mov(reg_v, ptr[reg_args + offsetof(PvCall, v)]);
+    mov(reg_o, ptr[reg_args + offsetof(PvCall, o)]);
+    mov(reg_corr, ptr[reg_args + offsetof(PvCall, corr)]);
+    mov(reg_rows, ptr[reg_args + offsetof(PvCall, rows)]);
+    push(reg_hblk);  // callee-saved
+    Label l_blocks, l_tail;
+    L(l_blocks);
+    cmp(reg_rows, RB);
+    jl(l_tail, T_NEAR);
+    block(RB);
+    add(reg_p, RB * prow());
+    add(reg_o, RB * cfg.head_dim * 4);
+    add(reg_corr, RB * 4);
+    sub(reg_rows, RB);
+    jmp(l_blocks, T_NEAR);
+    L(l_tail);
+    for (int n = 8; n >= 1; n /= 2) {
+      if (n >= RB) continue;
+      Label skip;
+      cmp(reg_rows, n);
+      jl(skip, T_NEAR);
+      block(n);
+      add(reg_p, n * prow());
+      add(reg_o, n * cfg.head_dim * 4);
+      add(reg_corr, n * 4);
+      sub(reg_rows, n);
+      L(skip);
+    }
+    pop(reg_hblk);
+    vzeroupper();
+    ret();
+  }
+
+  // Load the b-th head_dim vector of the current key (widening bf16 to f32
+  // on the plain path: a bf16 is the upper half of an f32).
+  void load_v(const Xmm& x, int hoff) {
+    if (cfg.bf16_kv && !cfg.bf16_dot) {
+      vpmovzxwd(x, ptr[reg_vk + hoff * 2]);
+      vpslld(x, x, 16);
+    } else {
+      vmovups(x, ptr[reg_vk + hoff * 4]);
+    }
+  }
+
+  // n rows; a loop over head_dim blocks of pv_vecs vectors, each with the
+  // key loop inside. reg_o and reg_v walk the blocks and are restored after.
+  void block(int n) {
+    const int NB = cfg.pv_vecs, orow = cfg.head_dim * 4, hstep = NB * cfg.vl;
+    const int vesz = cfg.bf16_kv && !cfg.bf16_dot ? 2 : 4;
+    mov(reg_hblk, cfg.head_dim / hstep);
+    Label hloop, loop;
+    L(hloop);
+    for (int r = 0; r < n; ++r) {
+      vbroadcastss(breg(), ptr[reg_corr + r * 4]);
+      for (int b = 0; b < NB; ++b) vmulps(acc(r, b), breg(), ptr[reg_o + r * orow + b * vbytes()]);
+    }
+    mov(reg_pk, reg_p);
+    mov(reg_vk, reg_v);
+    mov(reg_cnt, ptr[reg_args + offsetof(PvCall, nk)]);
+    L(loop);
+    for (int b = 0; b < NB; ++b) load_v(vreg(b), b * cfg.vl);
+    for (int r = 0; r < n; ++r) {
+      bcast(breg(), ptr[reg_pk + r * prow()]);
+      for (int b = 0; b < NB; ++b) mac(acc(r, b), vreg(b), breg());
+    }
+    add(reg_pk, 4);
+    add(reg_vk, vstep());
+    dec(reg_cnt);
+    jnz(loop, T_NEAR);
+    for (int r = 0; r < n; ++r)
+      for (int b = 0; b < NB; ++b) vmovups(ptr[reg_o + r * orow + b * vbytes()], acc(r, b));
+    add(reg_o, hstep * 4);
+    add(reg_v, hstep * vesz);
+    dec(reg_hblk);
+    jnz(hloop, T_NEAR);
+    sub(reg_o, cfg.head_dim * 4);
+    sub(reg_v, cfg.head_dim * vesz);
+  }
+};
+
+// The contract's g3_core_fn carries no context, so each kernel key gets a
+// three-instruction trampoline that supplies it: core(args) becomes
+// driver(ctx, args) with the key's context baked in as an immediate.
+struct EntryJit : CodeGenerator {
+  EntryJit(const CoreContext* ctx, void (*driver)(const CoreContext*, const g3_core_args*)) : CodeGenerator(256) {
+    mov(rsi, rdi);
+    mov(rdi, reinterpret_cast<uint64_t>(ctx));
+    mov(rax, reinterpret_cast<uint64_t>(driver));
+    jmp(rax);
+  }
+};
+
+void dump(const std::string& name, const char* kernel, const CodeGenerator& g) {
+  const char* dir = std::getenv("G3ATTN_XBYAK_DUMP");
+  if (!dir || !*dir) return;
+  std::string path = std::string(dir) + "/" + name + "_" + kernel + ".bin";
+  if (FILE* f = std::fopen(path.c_str(), "wb")) {
+    std::fwrite(g.getCode(), 1, g.getSize(), f);
+    std::fclose(f);
+  } else {
+    std::fprintf(stderr, "g3attn: warning: G3ATTN_XBYAK_DUMP: cannot write %s\n", path.c_str());
+  }
+}
+
+}  // namespace
+
+struct CoreKernels {
+  CoreContext ctx;
+  std::unique_ptr<QkJit> qk;
+  std::unique_ptr<PvJit> pv;
+  std::unique_ptr<QkDirectJit> qk_direct;
+  std::unique_ptr<EntryJit> entry;
+  double gen_ms = 0;
+};
+
+std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string& dump_name) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto k = std::make_shared<CoreKernels>();
+  k->ctx.cfg = cfg;
+  k->qk = std::make_unique<QkJit>(cfg);
+  k->pv = std::make_unique<PvJit>(cfg);
+  k->ctx.qk = k->qk->getCode<QkFn>();
+  k->ctx.pv = k->pv->getCode<PvFn>();
+  if ((cfg.bf16_dot ? cfg.head_dim % 32 : cfg.head_dim % cfg.vl) == 0) {
+    k->qk_direct = std::make_unique<QkDirectJit>(cfg);
+    k->ctx.qk_direct = k->qk_direct->getCode<QkFn>();
+  }
+  k->entry = std::make_unique<EntryJit>(&k->ctx, cfg.isa == Isa::Avx512 ? &core_avx512 : &core_avx2);
+  // Executable, no longer writable.
+  k->qk->setProtectModeRE();
+  k->pv->setProtectModeRE();
+  if (k->qk_direct) k->qk_direct->setProtectModeRE();
+  k->entry->setProtectModeRE();
+  k->gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  dump(dump_name, "qk", *k->qk);
+  dump(dump_name, "pv", *k->pv);
+  if (k->qk_direct) dump(dump_name, "qk_direct", *k->qk_direct);
+  dump(dump_name, "entry", *k->entry);
+  return k;
+}
+
+g3_core_fn core_entry(const CoreKernels& k) { return k.entry->getCode<g3_core_fn>(); }
+double core_gen_ms(const CoreKernels& k) { return k.gen_ms; }
+size_t core_code_bytes(const CoreKernels& k) {
+  return k.qk->getSize() + k.pv->getSize() + k.entry->getSize() + (k.qk_direct ? k.qk_direct->getSize() : 0);
+}
+
+}  // namespace g3::xbyak
