@@ -97,17 +97,48 @@ BackendKernels cached_build(const std::string& backend, const KernelKey& key, co
   return fut.get();
 }
 
-// The auto rule: the fastest backend measured by `g3attn bench` that this
-// host and build support; see `g3attn --help`.
-std::string auto_backend(const KernelKey& key, const std::string& isa, [[maybe_unused]] std::string* why) {
-  (void)key;
-  (void)isa;
+// Whether a JIT backend can serve (key, isa) here; `why` says why not.
+bool jit_available(const std::string& backend, const KernelKey& key, const std::string& isa, std::string* why) {
+  if (backend == "xbyak") {
+#ifdef G3_XBYAK_AVAILABLE
+    return xbyak_available(key, isa, why);
+#else
+    *why = "the xbyak backend is not part of this build";
+    return false;
+#endif
+  }
+  if (backend == "llvm") {
+#ifdef G3_LLVM_AVAILABLE
+    (void)key;
+    (void)isa;
+    return llvm_available(why);
+#else
+    *why = "the llvm backend is not part of this build (configure with -DG3ATTN_WITH_LLVM=ON)";
+    return false;
+#endif
+  }
+  return true;
+}
+
+std::string aot_backend() {
 #ifdef G3_HIGHWAY_AVAILABLE
   return "highway";
 #else
-  *why = "highway backend not built";
   return "reference";
 #endif
+}
+
+// The auto rule, from `g3attn bench` on Zen 4 (AVX-512, AVX512_BF16): the
+// Xbyak core is the fastest or tied on every prefill and decode row (1.5-2x
+// on bf16 KV with vdpbf16ps), then Highway AOT, then LLVM. So: xbyak for the
+// attention core where this host and the ISA cap allow it (AVX2+FMA or
+// AVX-512, head_dim a multiple of the vector width), Highway otherwise (the
+// reason is shown), and Highway for the stages Xbyak does not provide.
+std::string auto_backend(const KernelKey& key, const std::string& isa, std::string* why) {
+  std::string reason;
+  if (jit_available("xbyak", key, isa, &reason)) return "xbyak";
+  *why = "auto: xbyak unavailable (" + reason + "), using " + aot_backend();
+  return aot_backend();
 }
 
 }  // namespace
@@ -115,7 +146,16 @@ std::string auto_backend(const KernelKey& key, const std::string& isa, [[maybe_u
 KernelChoice kernels_for(const KernelKey& key, const std::string& backend_in, const std::string& isa) {
   std::string backend = parse_backend(backend_in);
   KernelChoice c;
-  if (backend == "auto") backend = auto_backend(key, isa, &c.fallback);
+  if (backend == "auto") {
+    backend = auto_backend(key, isa, &c.fallback);
+  } else if (backend == "llvm" || backend == "xbyak") {
+    // An unavailable JIT falls back to the AOT kernels, saying why.
+    std::string why;
+    if (!jit_available(backend, key, isa, &why)) {
+      c.fallback = backend + " unavailable (" + why + "), using " + aot_backend();
+      backend = aot_backend();
+    }
+  }
   c.kernels = cached_build(backend, key, isa);
   c.backend = backend;
   // Stages this backend does not provide come from Highway (same ISA), else
