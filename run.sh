@@ -7,3 +7,4 @@ source .ci/setup.sh
 g3_install_packages
 g3_build build
 build/g3attn plan --model 1b
+build/g3attn run

@@ -10,6 +10,7 @@
 #include "isa.h"
 #include "kernel_key.h"
 #include "kernel_registry.h"
+#include "kv_cache.h"
 
 namespace g3::cli {
 
@@ -19,6 +20,9 @@ static std::vector<Option> plan_options() {
       {"config", Arity::Value, "FILE", "an HF config.json instead of --model"},
       {"json", Arity::OptionalValue, "FILE", "JSON instead of the table: to stdout, or to FILE"},
       {"weight-dtype", Arity::Value, "T", "projection weight type in the kernel key f32|bf16 (default bf16)"},
+      {"context", Arity::Value, "N", "positions per sequence for the KV memory figures (default: the model's max_position_embeddings)"},
+      {"batch", Arity::Value, "B", "sequences for the KV memory figures (default 1)"},
+      {"chunk", Arity::Value, "C", "prefill chunk: local-layer rings get W + C - 1 slots (default: none, W slots)"},
   };
   for (auto& c : common_kernel_options()) o.push_back(c);
   return o;
@@ -27,9 +31,12 @@ static std::vector<Option> plan_options() {
 int cmd_plan(int argc, char** argv, int first) {
   Args a("plan", plan_options(), argc, argv, first);
   if (a.help()) {
-    std::cout << "Usage: g3attn plan --model NAME | --config FILE [--json [FILE]]\n"
+    std::cout << "Usage: g3attn plan --model NAME | --config FILE [--context N] [--batch B] [--chunk C] [--json [FILE]]\n"
                  "Prints one row per layer: index, kind, window, rope base and scale, alpha,\n"
-                 "heads, KV heads, head_dim, kernel key, backend of the attention core, ISA.\n\n"
+                 "heads, KV heads, head_dim, kernel key, backend of the attention core, ISA,\n"
+                 "then the KV cache memory at --context positions x --batch sequences: \"ring\" is what\n"
+                 "`g3attn run` allocates (global layers full length, local layers a ring of W slots,\n"
+                 "W + C - 1 with --chunk C), \"full_length\" the official layout (every layer N slots).\n\n"
               << a.usage();
     return 0;
   }
@@ -38,6 +45,10 @@ int cmd_plan(int argc, char** argv, int first) {
   std::string isa = isa_from_flag(a.str("isa"));
   DType kv = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
   DType wt = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+  const int64_t context = a.integer("context", m.max_position_embeddings, 1, 1ll << 31);
+  const int64_t batch = a.integer("batch", 1, 1, 1 << 20);
+  const int64_t chunk = a.integer("chunk", 1, 1, 1ll << 31);
+  const KvBytes kvb = kv_bytes(m, context, batch, kv, chunk);
 
   std::map<std::string, KernelChoice> choices;  // one per distinct key
   nlohmann::json layers = nlohmann::json::array();
@@ -83,6 +94,10 @@ int cmd_plan(int argc, char** argv, int first) {
                             {"llvm", kernels_built("llvm")},
                             {"xbyak", kernels_built("xbyak")}};
     if (!m.defaulted.empty()) out["defaults_used"] = m.defaulted;
+    out["kv_bytes"] = {{"ring", kvb.ring},        {"full_length", kvb.full_length},
+                       {"context", context},      {"batch", batch},
+                       {"dtype", to_string(kv)}};
+    if (a.has("chunk")) out["kv_bytes"]["chunk"] = chunk;
     emit_json(a, out.dump(1));
     return 0;
   }
@@ -96,6 +111,11 @@ int cmd_plan(int argc, char** argv, int first) {
   std::cout << format_table(table);
   for (const auto& [k, c] : choices)
     if (!c.fallback.empty()) std::cout << "note: " << k << ": " << c.fallback << "\n";
+  auto gib = [](uint64_t b) { return fmt_double(double(b) / double(1ull << 30), 4) + " GiB"; };
+  std::cout << "KV cache (" << to_string(kv) << ", " << context << " positions x " << batch << " sequence"
+            << (batch == 1 ? "" : "s") << (a.has("chunk") ? ", chunk " + std::to_string(chunk) : std::string())
+            << "): ring " << gib(kvb.ring) << " (" << kvb.ring << " bytes) vs full length " << gib(kvb.full_length)
+            << " (" << kvb.full_length << " bytes)\n";
   return 0;
 }
 

@@ -1,0 +1,330 @@
+// KV caches: the local-layer ring and the global full-length buffer must give
+// what the official full-length layout gives (SPEC 1.3-1.6) for every query
+// row with at least one visible key: chunked prefill with chunks that do not
+// divide the prompt, decode across several wrap-arounds, long decode split
+// into KV chunks, and padded batches (right padding with position gaps as the
+// official sampler lays them out, and left padding). The official side is
+// ref::block with a full-length ref::Cache and the official dense masks.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "errors.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "reference.h"
+#include "test_support.h"
+
+using namespace g3;
+
+namespace {
+
+ModelConfig tiny(std::vector<LayerKind> kinds, int W = 4) {
+  ModelConfig m;
+  m.name = "tiny";
+  m.hidden_size = 64;
+  m.num_layers = int(kinds.size());
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.head_dim = 16;
+  m.sliding_window = W;
+  m.query_pre_attn_scalar = 16;
+  m.rope_global_scale = 8;
+  m.layer_types = kinds;
+  m.max_position_embeddings = 1 << 20;
+  return m;
+}
+
+WeightSource random_weights(uint64_t seed) {
+  return [seed](const LayerSpec& s) { return random_layer_weights(s, seed, DType::BF16); };
+}
+
+std::vector<float> randn(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return v;
+}
+
+// The official stack: every layer has a full-length ref::Cache of S slots; a
+// call's T tokens (padding too) go to slots end_index.. and the caller mask
+// is mask[b][t][s] = slot s holds a real token && s <= end_index + t.
+struct Official {
+  ModelConfig cfg;
+  std::vector<LayerSpec> specs;
+  std::vector<LayerWeights> w;
+  std::vector<ref::Cache> caches;
+  std::vector<uint8_t> slot_real;
+  int64_t B, S, end = 0;
+  Official(const ModelConfig& c, const WeightSource& ws, int64_t B_, int64_t S_) : cfg(c), B(B_), S(S_) {
+    specs = layer_specs(c);
+    for (const auto& s : specs) {
+      w.push_back(ws(s));
+      caches.push_back(ref::Cache::zeros(B, S, c.num_kv_heads, c.head_dim));
+    }
+    slot_real.assign(size_t(B * S), 0);
+  }
+  // y [B][T][D]; has_key[b*T+t] says whether the row saw a key in every layer.
+  void call(const float* x, const int32_t* pos, const uint8_t* real, int64_t T, float* y, std::vector<bool>* has_key) {
+    const int64_t start = end, D = cfg.hidden_size;
+    REQUIRE(start + T <= S);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) slot_real[size_t(b * S + start + t)] = real ? real[b * T + t] : 1;
+    std::vector<uint8_t> mask(size_t(B * T * S), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s <= start + t; ++s) mask[size_t((b * T + t) * S + s)] = slot_real[size_t(b * S + s)];
+    std::vector<float> cur(x, x + B * T * D), nxt(cur.size());
+    for (size_t l = 0; l < specs.size(); ++l) {
+      ref::block(specs[l], w[l], cur.data(), pos, B, T, mask.data(), &caches[l], nxt.data(), nullptr);
+      cur.swap(nxt);
+    }
+    std::copy(cur.begin(), cur.end(), y);
+    has_key->assign(size_t(B * T), true);
+    const ref::Cache& c0 = caches[0];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        bool any_global = false, any_local = false;
+        for (int64_t s = 0; s < S; ++s) {
+          if (!mask[size_t((b * T + t) * S + s)]) continue;
+          any_global = true;
+          any_local = any_local || ref::sliding_visible(pos[b * T + t], c0.positions[size_t(b * S + s)],
+                                                        cfg.sliding_window);
+        }
+        bool has_local = false;
+        for (auto k : cfg.layer_types) has_local = has_local || k == LayerKind::Local;
+        (*has_key)[size_t(b * T + t)] = any_global && (any_local || !has_local);
+      }
+    end += T;
+  }
+};
+
+// Max |a - b| over rows flagged in ok (rows of D floats).
+double max_diff(const std::vector<float>& a, const std::vector<float>& b, const std::vector<bool>& ok, int64_t D) {
+  double m = 0;
+  for (size_t r = 0; r < ok.size(); ++r) {
+    if (!ok[r]) continue;
+    for (int64_t d = 0; d < D; ++d) {
+      double e = std::fabs(double(a[r * D + d]) - double(b[r * D + d]));
+      if (!(e <= m)) m = std::isnan(e) ? INFINITY : e;
+    }
+  }
+  return m;
+}
+
+struct Layout {
+  int64_t B = 1;
+  std::vector<int64_t> lengths;  // real prompt tokens per row
+  int64_t Lpad = 0;              // padded prompt length
+  bool left = false;             // left padding instead of right
+};
+
+// Runs prompt + decode through the runtime (ring caches, chunked) and the
+// official stack, returns the max difference over rows with a visible key.
+double compare(const ModelConfig& cfg, const Layout& lay, int64_t chunk, int64_t decode, const std::string& backend,
+               const std::string& isa, DType kv, uint64_t seed, int threads = 2, int64_t* wraps = nullptr) {
+  const int64_t B = lay.B, T = lay.Lpad, D = cfg.hidden_size;
+  std::vector<float> x = randn(size_t(B * (T + decode) * D), seed + 1);
+  std::vector<int32_t> pos(size_t(B * T));
+  std::vector<uint8_t> real(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t L = lay.lengths[size_t(b)], pad = T - L;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = lay.left ? t - pad : t;  // index among the row's real tokens
+      const bool r = i >= 0 && i < L;
+      real[size_t(b * T + t)] = r;
+      // The official cumsum rule: leading pads 0, trailing pads repeat the last position.
+      pos[size_t(b * T + t)] = int32_t(r ? i : (i < 0 ? 0 : L - 1));
+    }
+  }
+  WeightSource ws = random_weights(seed);
+  ModelOptions o;
+  o.backend = backend;
+  o.isa = isa;
+  o.kv_dtype = kv;
+  o.batch = B;
+  o.context = T + decode;
+  o.chunk = chunk;
+  o.threads = threads;
+  Model m(cfg, ws, o);
+  Official off(cfg, ws, B, T + decode);
+
+  std::vector<float> xp(size_t(B * T * D));
+  for (int64_t b = 0; b < B; ++b) std::copy_n(&x[size_t(b * (T + decode) * D)], T * D, &xp[size_t(b * T * D)]);
+  std::vector<float> got(xp.size()), want(xp.size());
+  std::vector<bool> ok;
+  m.forward(xp.data(), pos.data(), real.data(), T, got.data());
+  off.call(xp.data(), pos.data(), real.data(), T, want.data(), &ok);
+  double worst = max_diff(got, want, ok, D);
+  INFO("prefill diff " << worst);
+  for (int64_t k = 0; k < decode; ++k) {
+    std::vector<float> xd(size_t(B * D)), g1(size_t(B * D)), w1(size_t(B * D));
+    std::vector<int32_t> pd(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy_n(&x[size_t((b * (T + decode) + T + k) * D)], D, &xd[size_t(b * D)]);
+      pd[size_t(b)] = int32_t(lay.lengths[size_t(b)] + k);  // the row's own next position: gaps in slots
+    }
+    m.forward(xd.data(), pd.data(), nullptr, 1, g1.data());
+    off.call(xd.data(), pd.data(), nullptr, 1, w1.data(), &ok);
+    worst = std::max(worst, max_diff(g1, w1, ok, D));
+  }
+  if (wraps) {
+    *wraps = 0;
+    for (int l = 0; l < cfg.num_layers; ++l)
+      if (m.cache(l).is_ring()) *wraps = std::max(*wraps, m.cache(l).written(0) / m.cache(l).capacity());
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("ring caches equal the official full-length layout through chunked prefill and wrapping decode",
+          "[kv][ring]") {
+  const std::vector<std::vector<LayerKind>> stacks = {
+      {LayerKind::Local}, {LayerKind::Global}, {LayerKind::Local, LayerKind::Global, LayerKind::Local}};
+  for (const auto& backend : {std::string("reference"), std::string("auto")}) {
+    const std::string isa = backend == "reference" ? "scalar" : "best";
+    for (const auto& kinds : stacks)
+      for (int64_t chunk : {5, 7, 13}) {
+        ModelConfig cfg = tiny(kinds, 4);
+        Layout lay;
+        lay.B = 2;
+        lay.lengths = {37, 37};
+        lay.Lpad = 37;
+        // Enough decode steps for three wrap-arounds of the ring after prefill.
+        const int64_t cap = ring_slots(4, chunk, 1 << 20);
+        int64_t wraps = 0;
+        double d = compare(cfg, lay, chunk, 3 * cap + 2, backend, isa, DType::F32, 11, 2, &wraps);
+        INFO("backend " << backend << " layers " << kinds.size() << " first kind " << to_string(kinds[0])
+                        << " chunk " << chunk << " max diff " << d);
+        CHECK(d <= 2e-4);
+        if (kinds[0] == LayerKind::Local) CHECK(wraps >= 3 + 37 / cap);
+      }
+  }
+}
+
+TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[kv][decode]") {
+  // 600 prompt positions: the global layer's decode scans more than one KV
+  // chunk (512 slots), so the lse merge runs.
+  ModelConfig cfg = tiny({LayerKind::Global, LayerKind::Local}, 8);
+  Layout lay;
+  lay.lengths = {600};
+  lay.Lpad = 600;
+  double d = compare(cfg, lay, 128, 3, "reference", "scalar", DType::F32, 5);
+  INFO("max diff " << d);
+  CHECK(d <= 2e-4);
+  d = compare(cfg, lay, 128, 3, "auto", "best", DType::F32, 5);
+  CHECK(d <= 2e-4);
+}
+
+TEST_CASE("right-padded batch with position gaps matches the official sampler layout", "[kv][batch]") {
+  // SPEC 1.6: prompts right-padded to a bucket; decode tokens land after the
+  // pad gap in the official cache while positions continue per row, so the
+  // window must be measured in positions.
+  Layout lay;
+  lay.B = 3;
+  lay.lengths = {9, 5, 7};
+  lay.Lpad = 12;
+  for (const auto& backend : {std::string("reference"), std::string("auto")}) {
+    const std::string isa = backend == "reference" ? "scalar" : "best";
+    double d = compare(tiny({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4), lay, 5, 10, backend, isa,
+                       DType::F32, 21);
+    INFO(backend << " max diff " << d);
+    CHECK(d <= 2e-4);
+  }
+}
+
+TEST_CASE("left-padded batch matches the official layout on rows that see a key", "[kv][batch]") {
+  Layout lay;
+  lay.B = 3;
+  lay.lengths = {9, 5, 7};
+  lay.Lpad = 9;
+  lay.left = true;
+  double d = compare(tiny({LayerKind::Local, LayerKind::Global}, 3), lay, 4, 7, "reference", "scalar", DType::F32, 31);
+  INFO("max diff " << d);
+  CHECK(d <= 2e-4);
+}
+
+TEST_CASE("bf16 KV caches stay close to the f32 official layout", "[kv][bf16]") {
+  Layout lay;
+  lay.lengths = {40};
+  lay.Lpad = 40;
+  double d = compare(tiny({LayerKind::Local, LayerKind::Global}, 4), lay, 6, 12, "reference", "scalar", DType::BF16, 41);
+  INFO("max diff " << d);
+  CHECK(d <= 5e-2);
+  CHECK(d > 0);  // bf16 rounding is visible: the cache really is bf16
+}
+
+TEST_CASE("LayerKvCache assigns ring slots in arrival order and rejects bad positions", "[kv][unit]") {
+  ModelConfig cfg = tiny({LayerKind::Local, LayerKind::Global}, 4);
+  LayerKvCache local(layer_spec(cfg, 0), DType::F32, 2, 100, 3);
+  LayerKvCache global(layer_spec(cfg, 1), DType::BF16, 1, 10, 3);
+  CHECK(local.capacity() == 6);  // W + C - 1
+  CHECK(local.is_ring());
+  CHECK(global.capacity() == 10);
+  CHECK(!global.is_ring());
+  CHECK(global.bytes() == 2u * 2 * 10 * 16 * 2);
+
+  std::vector<int64_t> slot(3);
+  const int32_t p1[3] = {0, 1, 2};
+  const uint8_t r1[3] = {1, 0, 1};
+  local.reserve(0, p1, r1, 3, slot.data());
+  CHECK(slot == std::vector<int64_t>{0, -1, 1});
+  CHECK(local.kvalid(0)[1] == 1);
+  CHECK(local.kvalid(0)[2] == 0);
+  CHECK(local.kpos(0)[1] == 2);
+  for (int32_t p = 3; p < 10; ++p) {
+    local.reserve(0, &p, nullptr, 1, slot.data());
+    CHECK(slot[0] == (p - 1) % 6);
+  }
+  CHECK(local.written(0) == 9);
+  CHECK(local.used(0) == 6);
+  CHECK(local.written(1) == 0);  // rows are independent
+
+  const int32_t back[1] = {5};
+  CHECK_THROWS_AS(local.reserve(0, back, nullptr, 1, slot.data()), InputError);
+  const int32_t neg[1] = {-1};
+  CHECK_THROWS_AS(local.reserve(1, neg, nullptr, 1, slot.data()), InputError);
+  const int32_t four[4] = {20, 21, 22, 23};
+  slot.resize(4);
+  CHECK_THROWS_AS(local.reserve(1, four, nullptr, 4, slot.data()), InputError);  // more than one chunk
+  for (int32_t p = 0; p < 10; ++p) global.reserve(0, &p, nullptr, 1, slot.data());
+  const int32_t more[1] = {10};
+  CHECK_THROWS_AS(global.reserve(0, more, nullptr, 1, slot.data()), InputError);  // context exceeded
+  global.reset();
+  CHECK(global.written(0) == 0);
+  CHECK(global.kvalid(0)[0] == 0);
+}
+
+TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][plan]") {
+  ModelConfig m = builtin_model("27b");
+  const uint64_t per_slot = 2ull * 16 * 128 * 2;  // K and V, 16 KV heads, dh 128, bf16
+  KvBytes k = kv_bytes(m, 131072, 1, DType::BF16, 1);
+  CHECK(k.ring == 10 * 131072 * per_slot + 52 * 1024 * per_slot);
+  CHECK(k.full_length == 62 * 131072 * per_slot);
+  const double gib = double(1ull << 30);
+  CHECK(std::fabs(double(k.ring) / gib - 10.40625) < 1e-9);
+  CHECK(double(k.full_length) / gib == 62.0);
+  KvBytes c = kv_bytes(m, 131072, 2, DType::BF16, 512);
+  CHECK(c.ring == 2 * (10 * 131072 * per_slot + 52 * (1024 + 511) * per_slot));
+
+  g3test::TempDir dir;
+  auto r = g3test::run_g3attn({"plan", "--model", "27b", "--context", "131072", "--batch", "1", "--kv-dtype", "bf16",
+                               "--json", dir.file("plan.json")});
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(g3test::read_text(dir.file("plan.json")));
+  CHECK(j["kv_bytes"]["ring"].get<uint64_t>() == k.ring);
+  CHECK(j["kv_bytes"]["full_length"].get<uint64_t>() == k.full_length);
+  CHECK(j["kv_bytes"]["context"] == 131072);
+  CHECK(j["kv_bytes"]["batch"] == 1);
+  CHECK(j["kv_bytes"]["dtype"] == "bf16");
+  CHECK(j["layers"].size() == 62);
+  auto t = g3test::run_g3attn({"plan", "--model", "27b", "--context", "131072", "--kv-dtype", "bf16", "--chunk", "512"});
+  REQUIRE(t.exit_code == 0);
+  CHECK(t.out.find("ring 10.") != std::string::npos);
+  CHECK(t.out.find("full length 62 GiB") != std::string::npos);
+  CHECK(g3test::run_g3attn({"plan", "--model", "1b", "--context", "0"}).exit_code == 2);
+}
