@@ -21,14 +21,22 @@ Commands:
 
 Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), auto (default).
-  auto picks, per kernel key, the fastest backend this host and build support:
-  see the rule printed by `g3attn plan` in its "backend" column and README.
+  auto picks, per kernel key, the fastest backend measured here that this host and
+  build support: xbyak for the attention core where the ISA cap and CPU allow AVX2+FMA
+  or AVX-512 (and head_dim fits its vectors), else highway; stages xbyak does not
+  provide (QK-norm/RoPE, projections, norms) run on highway. An unavailable llvm or
+  xbyak request falls back to highway and `plan` shows why.
 ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
   avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
 
 Environment:
   G3ATTN_ISA        default for --isa
-  G3ATTN_CACHE_DIR  on-disk JIT kernel cache (default $XDG_CACHE_HOME/g3attn or ~/.cache/g3attn)
+  G3ATTN_CACHE_DIR  on-disk LLVM kernel cache (default $XDG_CACHE_HOME/g3attn or ~/.cache/g3attn);
+                    an unwritable directory means running without a cache, with a warning
+  G3ATTN_LLVM_OPT   LLVM pipeline: O1|O2|O3 (default: a short pass list, as fast and 10x quicker to compile)
+  G3ATTN_LLVM_VERBOSE=1   print the IR, optimisation and codegen times per LLVM kernel
+  G3ATTN_XBYAK_DUMP=DIR   write each Xbyak kernel's bytes to DIR (objdump -D -b binary -mi386:x86-64)
+  G3ATTN_XBYAK_BF16DOT=0  widen bf16 K/V to f32 instead of using vdpbf16ps
 
 Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
 )";

@@ -11,6 +11,9 @@
 #include "kernel_key.h"
 #include "kernel_registry.h"
 #include "kv_cache.h"
+#ifdef G3_LLVM_AVAILABLE
+#include "llvm_backend.h"
+#endif
 
 namespace g3::cli {
 
@@ -93,6 +96,10 @@ int cmd_plan(int argc, char** argv, int first) {
     out["kernels_built"] = {{"highway", kernels_built("highway")},
                             {"llvm", kernels_built("llvm")},
                             {"xbyak", kernels_built("xbyak")}};
+#ifdef G3_LLVM_AVAILABLE
+    // Observable proof of the disk cache: a second process compiles nothing.
+    out["llvm"] = {{"compiles", g3::llvm_compiles()}, {"cache_hits", g3::llvm_cache_hits()}};
+#endif
     if (!m.defaulted.empty()) out["defaults_used"] = m.defaulted;
     out["kv_bytes"] = {{"ring", kvb.ring},        {"full_length", kvb.full_length},
                        {"context", context},      {"batch", batch},
