@@ -1,0 +1,756 @@
+// Highway kernels of the attention stages of the kernel contract
+// (kernel_contract.h): g3_qk_fn (SPEC 1.3 steps B-D) and g3_core_fn (steps
+// E-I), written once and compiled per Highway target.
+//
+// Every function here is a template over the key's compile-time constants
+// (head_dim, group, window, KV dtype; 0 or -1 means "read it from the args"),
+// so the same text serves the specialised kernels that g3attn-gen emits for a
+// model's keys and the generic kernel for any other key. The per-key entry
+// points live in attention_key-inl.h; this header is included once per target
+// (Highway's HWY_TARGET_TOGGLE idiom) and has no entry points of its own.
+//
+// Numerics: f32 arithmetic and f32 accumulation everywhere; bf16 KV elements
+// are widened on load and written with round-to-nearest-even. RoPE angles
+// are computed in double exactly as the scalar reference does.
+
+// Per-target include guard: toggled by foreach_target between passes.
+#if defined(G3_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef G3_ATTENTION_INL_H_
+#undef G3_ATTENTION_INL_H_
+#else
+#define G3_ATTENTION_INL_H_
+#endif
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernel_contract.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace g3 {
+namespace HWY_NAMESPACE {
+namespace attn {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Keys per tile of the attention core. The structured mask is summarised per
+// tile (min/max stored position of its valid slots), which is what lets the
+// core skip tiles that the causal or window rule hides from a block of rows.
+constexpr size_t kBk = 64;
+// Query rows (token x group head) per block of the prefill core: large enough
+// that each K/V tile, once widened and transposed, is reused many times while
+// it sits in L2; small enough that the running outputs stay in L2 too.
+constexpr size_t kMacroRows = 128;
+// Up to this many rows, the core streams K/V row by row (decode) instead of
+// transposing key tiles: a transposed tile only pays off when many rows use it.
+constexpr size_t kDecodeRows = 8;
+// Rows of one register tile: 8 rows x 2 vectors of keys (or of head_dim) is
+// 16 accumulators, which fits the 32 vector registers of AVX-512; the 16
+// registers of SSE/AVX2 hold 4 x 2.
+#if HWY_TARGET <= HWY_AVX3
+constexpr size_t kRows = 8;
+#else
+constexpr size_t kRows = 4;
+#endif
+// Masked logits become this finite value before the running max is taken, and
+// their probabilities are forced to exactly zero, so no inf - inf ever occurs.
+constexpr float kNegBig = -1e30f;
+
+// Grow-only, 64-byte aligned scratch per thread and per call site: the core
+// and the QK stage allocate nothing in steady state.
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> p;
+  size_t n = 0;
+  float* Get(size_t need) {
+    if (need > n) {
+      p = hwy::AllocateAligned<float>(need);
+      n = need;
+    }
+    return p.get();
+  }
+};
+
+HWY_INLINE size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// ---------------------------------------------------------------------------
+// KV element access. kKV is G3_DTYPE_F32 or G3_DTYPE_BF16.
+
+// Lanes(d) elements starting at element i, as f32 (bf16 is the upper half of
+// an f32, so widening is a zero-extend and a shift).
+template <int kKV, class D>
+HWY_INLINE hn::Vec<D> LoadKV(D d, const void* base, size_t i) {
+  if constexpr (kKV == G3_DTYPE_F32) {
+    return hn::LoadU(d, static_cast<const float*>(base) + i);
+  } else {
+    const hn::Rebind<uint16_t, D> d16;
+    const hn::Rebind<uint32_t, D> d32;
+    const auto w = hn::PromoteTo(d32, hn::LoadU(d16, static_cast<const uint16_t*>(base) + i));
+    return hn::BitCast(d, hn::ShiftLeft<16>(w));
+  }
+}
+
+// Stores Lanes(d) floats as bf16, rounding to nearest even; NaN stays a quiet
+// NaN. Same rule as the reference's f32_to_bf16.
+template <class D>
+HWY_INLINE void StoreBF16(D d, hn::Vec<D> v, uint16_t* p) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint16_t, D> d16;
+  const auto u = hn::BitCast(di, v);
+  const auto hi = hn::And(hn::ShiftRight<16>(u), hn::Set(di, 0xffff));
+  const auto lsb = hn::And(hi, hn::Set(di, 1));
+  // Unsigned add done in signed lanes: wrap-around is what we want, and the
+  // logical shift afterwards is emulated by the mask.
+  const auto sum = hn::BitCast(di, hn::Add(hn::BitCast(hn::RebindToUnsigned<D>(), u),
+                                           hn::BitCast(hn::RebindToUnsigned<D>(), hn::Add(hn::Set(di, 0x7fff), lsb))));
+  auto r = hn::And(hn::ShiftRight<16>(sum), hn::Set(di, 0xffff));
+  const auto is_nan = hn::Gt(hn::And(u, hn::Set(di, 0x7fffffff)), hn::Set(di, 0x7f800000));
+  r = hn::IfThenElse(is_nan, hn::Or(hi, hn::Set(di, 0x40)), r);
+  hn::StoreU(hn::DemoteTo(d16, r), d16, p);
+}
+
+template <int kKV, class D>
+HWY_INLINE void StoreKV(D d, hn::Vec<D> v, void* base, size_t i) {
+  if constexpr (kKV == G3_DTYPE_F32) {
+    hn::StoreU(v, d, static_cast<float*>(base) + i);
+  } else {
+    StoreBF16(d, v, static_cast<uint16_t*>(base) + i);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Stage B-D: QK RMSNorm (1 + w), half-split RoPE, q *= alpha, cache write.
+
+// y = RoPE(RMSNorm(x) * (1 + w)) * scale for one head vector of H floats
+// (SPEC 2.1 and 2.2): pairs are (i, i + H/2); cs/sn hold cos and sin of the
+// token's angles. d must divide H/2.
+template <class D>
+HWY_INLINE void NormRope(D d, const float* x, const float* w, float eps, const float* cs, const float* sn, size_t H,
+                         float scale, float* y) {
+  const size_t N = hn::Lanes(d), half = H / 2;
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d);
+  for (size_t i = 0; i < half; i += N) {
+    const auto a = hn::LoadU(d, x + i), b = hn::LoadU(d, x + half + i);
+    s0 = hn::MulAdd(a, a, s0);
+    s1 = hn::MulAdd(b, b, s1);
+  }
+  const double ss = double(hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1))));
+  // The reference takes 1/sqrt in double; doing the same keeps us within an
+  // ulp of it for the scale factor.
+  const auto r = hn::Set(d, static_cast<float>(1.0 / sqrt(ss / double(H) + double(eps))));
+  const auto one = hn::Set(d, 1.0f), sc = hn::Set(d, scale);
+  for (size_t i = 0; i < half; i += N) {
+    const auto a = hn::Mul(hn::Mul(hn::LoadU(d, x + i), r), hn::Add(one, hn::LoadU(d, w + i)));
+    const auto b = hn::Mul(hn::Mul(hn::LoadU(d, x + half + i), r), hn::Add(one, hn::LoadU(d, w + half + i)));
+    const auto c = hn::LoadU(d, cs + i), s = hn::LoadU(d, sn + i);
+    // x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (SPEC 2.2), then alpha (step C.2).
+    hn::StoreU(hn::Mul(hn::NegMulAdd(b, s, hn::Mul(a, c)), sc), d, y + i);
+    hn::StoreU(hn::Mul(hn::MulAdd(a, s, hn::Mul(b, c)), sc), d, y + half + i);
+  }
+}
+
+// The whole QK stage for one call. kDH: head_dim or 0 (runtime).
+template <int kDH, int kKV, class D>
+HWY_NOINLINE void QkImpl(D d, const g3_qk_args* a, double base, double rscale, float alpha) {
+  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim), half = H / 2, N = hn::Lanes(d);
+  static thread_local Scratch scratch;
+  const size_t hp = RoundUp(half, 16), h2 = RoundUp(H, 16);
+  float* cs = scratch.Get(2 * hp + h2);
+  float* sn = cs + hp;
+  float* tmp = sn + hp;
+  // Inverse timescales of the key (SPEC 2.2): timescale_i = base^(2i/H). They
+  // are per call, not per token: pow is the expensive part.
+  double ts_stack[512];
+  double* ts = ts_stack;  // H <= 1024 by config validation, so half <= 512
+  for (size_t i = 0; i < half; ++i) ts[i] = pow(base, 2.0 * double(i) / double(H));
+  for (int64_t t = 0; t < a->T; ++t) {
+    // Angles once per token, shared by every head: theta_i = pos / ts_i / sigma,
+    // in double as the reference computes them, rounded to f32 after cos/sin.
+    const double pos = double(a->pos[t]);
+    for (size_t i = 0; i < half; ++i) {
+      const double th = pos / ts[i] / rscale;
+      cs[i] = static_cast<float>(cos(th));
+      sn[i] = static_cast<float>(sin(th));
+    }
+    for (int32_t n = 0; n < a->num_heads; ++n) {
+      NormRope(d, a->q + t * a->q_stride + n * int64_t(H), a->q_norm, a->eps, cs, sn, H, alpha,
+               a->q_out + t * a->q_out_stride + n * int64_t(H));
+    }
+    const int64_t slot = a->slot[t];
+    if (slot < 0) continue;
+    for (int32_t j = 0; j < a->num_kv_heads; ++j) {
+      const size_t dst = size_t((j * a->cache_head_stride + slot) * int64_t(H));
+      // Keys are normed and rotated but never scaled (SPEC 1.3 step C).
+      NormRope(d, a->k + t * a->kv_stride + j * int64_t(H), a->k_norm, a->eps, cs, sn, H, 1.0f, tmp);
+      const float* v = a->v + t * a->kv_stride + j * int64_t(H);
+      for (size_t i = 0; i < H; i += N) {
+        StoreKV<kKV>(d, hn::LoadU(d, tmp + i), a->k_cache, dst + i);
+        StoreKV<kKV>(d, hn::LoadU(d, v + i), a->v_cache, dst + i);  // V raw
+      }
+    }
+  }
+}
+
+// Picks a vector width that divides H/2: the full vector for every real
+// Gemma 3 head_dim, two lanes for odd shapes of test configs.
+template <int kDH, int kKV>
+HWY_INLINE void QkDispatchWidth(const g3_qk_args* a, double base, double rscale, float alpha) {
+  const hn::ScalableTag<float> df;
+  // A specialised head_dim that the full vector divides needs (and compiles)
+  // only the full-width instance.
+  if constexpr (kDH != 0 && (size_t(kDH) / 2) % hn::MaxLanes(df) == 0) {
+    QkImpl<kDH, kKV>(df, a, base, rscale, alpha);
+  } else {
+    const size_t half = (kDH ? size_t(kDH) : size_t(a->head_dim)) / 2;
+    if (half % hn::Lanes(df) == 0) {
+      QkImpl<kDH, kKV>(df, a, base, rscale, alpha);
+    } else {
+      QkImpl<kDH, kKV>(hn::CappedTag<float, 1>(), a, base, rscale, alpha);
+    }
+  }
+}
+
+// kKV < 0: the KV dtype comes from the args.
+template <int kDH, int kKV>
+HWY_INLINE void Qk(const g3_qk_args* a, double base, double rscale, float alpha) {
+  if constexpr (kKV >= 0) {
+    QkDispatchWidth<kDH, kKV>(a, base, rscale, alpha);
+  } else if (a->kv_dtype == G3_DTYPE_BF16) {
+    QkDispatchWidth<kDH, G3_DTYPE_BF16>(a, base, rscale, alpha);
+  } else {
+    QkDispatchWidth<kDH, G3_DTYPE_F32>(a, base, rscale, alpha);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Stage E-I: the attention core.
+//
+// Rows are (token t, group head g) pairs, row i = t * G + g. A row sees key
+// slot s iff kvalid[s] && lo <= kpos[s] <= hi, with hi = qpos and lo =
+// qpos - W + 1 on local layers (int64, clamped to int32: exact, since kpos is
+// an int32), the contract's structured mask.
+
+struct RowBounds {
+  int32_t lo, hi;
+};
+
+HWY_INLINE RowBounds BoundsOf(int32_t qpos, int32_t window) {
+  RowBounds b;
+  b.hi = qpos;
+  const int64_t lo = window > 0 ? int64_t(qpos) - window + 1 : INT64_MIN;
+  b.lo = lo < INT32_MIN ? INT32_MIN : int32_t(lo);
+  return b;
+}
+
+// Summary of one key tile: stored positions of its valid slots.
+struct TileInfo {
+  int32_t kmin, kmax;
+  uint8_t any, all;  // any valid slot; every one of the kBk slots valid
+};
+
+// Summary of a set of rows: what tile classification needs.
+struct RowSet {
+  int32_t hi_min, hi_max, lo_min, lo_max;
+};
+
+enum TileClass { kSkip, kPartial, kFull };
+
+// kSkip: no row can see any key of the tile (causal or window rule, or no
+// valid slot); kFull: every row sees every key, so per-element masking is
+// not needed; otherwise kPartial.
+HWY_INLINE TileClass Classify(const TileInfo& t, const RowSet& r) {
+  if (!t.any || t.kmin > r.hi_max || t.kmax < r.lo_min) return kSkip;
+  if (t.all && t.kmax <= r.hi_min && t.kmin >= r.lo_max) return kFull;
+  return kPartial;
+}
+
+HWY_INLINE void TileInfos(const g3_core_args* a, size_t ntiles, TileInfo* info) {
+  for (size_t k = 0; k < ntiles; ++k) {
+    const int64_t s0 = int64_t(k * kBk), s1 = s0 + int64_t(kBk) < a->S ? s0 + int64_t(kBk) : a->S;
+    TileInfo t{INT32_MAX, INT32_MIN, 0, uint8_t(s1 - s0 == int64_t(kBk))};
+    for (int64_t s = s0; s < s1; ++s) {
+      if (a->kvalid[s]) {
+        const int32_t p = a->kpos[s];
+        t.kmin = p < t.kmin ? p : t.kmin;
+        t.kmax = p > t.kmax ? p : t.kmax;
+        t.any = 1;
+      } else {
+        t.all = 0;
+      }
+    }
+    info[k] = t;
+  }
+}
+
+// Positions and validity of one tile as int32 lanes, padded past S with
+// invalid slots so vector code may always run over kBk keys.
+HWY_INLINE void TileMaskData(const g3_core_args* a, size_t k, int32_t* kp, int32_t* kv) {
+  const int64_t s0 = int64_t(k * kBk);
+  for (size_t i = 0; i < kBk; ++i) {
+    const int64_t s = s0 + int64_t(i);
+    const bool in = s < a->S;
+    kp[i] = in ? a->kpos[s] : 0;
+    kv[i] = in && a->kvalid[s] ? -1 : 0;
+  }
+}
+
+// Online softmax over one tile for nr rows (flash-attention style, SPEC 1.3
+// steps G-H with the structured mask): S holds the rows' logits [nr][width]
+// (row stride kBk; width a multiple of the vector);
+// they are replaced by unnormalised probabilities exp(logit - m_new); m and
+// l (running max and sum) are updated and corr receives exp(m_old - m_new),
+// the factor the row's running output must be rescaled by.
+template <class DK>
+HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* S, bool full, const int32_t* kp,
+                            const int32_t* kv, const RowBounds* rb, float* m, float* l, float* corr) {
+  const size_t N = hn::Lanes(dk);
+  const hn::RebindToSigned<DK> di;
+  const auto negbig = hn::Set(dk, kNegBig);
+  for (size_t r = 0; r < nr; ++r) {
+    float* sr = S + r * kBk;
+    const auto hi = hn::Set(di, rb[r].hi), lo = hn::Set(di, rb[r].lo);
+    auto mx = negbig;
+    if (full) {
+      for (size_t j = 0; j < width; j += N) mx = hn::Max(mx, hn::LoadU(dk, sr + j));
+    } else {
+      for (size_t j = 0; j < width; j += N) {
+        const auto p = hn::LoadU(di, kp + j);
+        const auto hidden = hn::Or(hn::Or(hn::Gt(p, hi), hn::Gt(lo, p)), hn::Eq(hn::LoadU(di, kv + j), hn::Zero(di)));
+        const auto s = hn::IfThenElse(hn::RebindMask(dk, hidden), negbig, hn::LoadU(dk, sr + j));
+        hn::StoreU(s, dk, sr + j);
+        mx = hn::Max(mx, s);
+      }
+    }
+    const float m_tile = hn::GetLane(hn::MaxOfLanes(dk, mx));
+    const float m_new = m_tile > m[r] ? m_tile : m[r];
+    const auto mv = hn::Set(dk, m_new);
+    auto sum = hn::Zero(dk);
+    for (size_t j = 0; j < width; j += N) {
+      const auto s = hn::LoadU(dk, sr + j);
+      // Masked logits are exactly kNegBig; their probability is exactly 0
+      // even when the whole row is masked so far (then m_new is kNegBig too).
+      const auto e = hn::IfThenZeroElse(hn::Eq(s, negbig), hn::Exp(dk, hn::Sub(s, mv)));
+      hn::StoreU(e, dk, sr + j);
+      sum = hn::Add(sum, e);
+    }
+    const float c = expf(m[r] - m_new);
+    corr[r] = c;
+    l[r] = l[r] * c + hn::GetLane(hn::SumOfLanes(dk, sum));
+    m[r] = m_new;
+  }
+}
+
+// O[r] = O[r] * corr[r] + sum_{s < nk} P[r][s] * V[s] for R rows (SPEC 1.3
+// step I; P row stride kBk, O row stride H), vectorised over head_dim in
+// chunks of C vectors with R x C accumulators kept in registers while the
+// chunk runs over all nk keys.
+template <size_t R, size_t C, int kKV, class D>
+HWY_INLINE void PVTile(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
+  const size_t N = hn::Lanes(d);
+  size_t h = 0;
+  for (; h + C * N <= H; h += C * N) {
+    hn::Vec<D> acc[R][C];
+    for (size_t r = 0; r < R; ++r) {
+      const auto c = hn::Set(d, corr[r]);
+      for (size_t j = 0; j < C; ++j) acc[r][j] = hn::Mul(hn::LoadU(d, O + r * H + h + j * N), c);
+    }
+    for (size_t s = 0; s < nk; ++s) {
+      hn::Vec<D> v[C];
+      for (size_t j = 0; j < C; ++j) v[j] = LoadKV<kKV>(d, V, s * H + h + j * N);
+      for (size_t r = 0; r < R; ++r) {
+        const auto p = hn::Set(d, P[r * kBk + s]);
+        for (size_t j = 0; j < C; ++j) acc[r][j] = hn::MulAdd(p, v[j], acc[r][j]);
+      }
+    }
+    for (size_t r = 0; r < R; ++r)
+      for (size_t j = 0; j < C; ++j) hn::StoreU(acc[r][j], d, O + r * H + h + j * N);
+  }
+  for (; h < H; h += N) {  // head_dim not a multiple of C vectors
+    hn::Vec<D> a0[R];
+    for (size_t r = 0; r < R; ++r) a0[r] = hn::Mul(hn::LoadU(d, O + r * H + h), hn::Set(d, corr[r]));
+    for (size_t s = 0; s < nk; ++s) {
+      const auto v0 = LoadKV<kKV>(d, V, s * H + h);
+      for (size_t r = 0; r < R; ++r) a0[r] = hn::MulAdd(hn::Set(d, P[r * kBk + s]), v0, a0[r]);
+    }
+    for (size_t r = 0; r < R; ++r) hn::StoreU(a0[r], d, O + r * H + h);
+  }
+}
+
+// Logits of R rows against one transposed key tile: S[r][s] = sum_h
+// Qt[h][r] * Kt[h][s] (SPEC 1.3 step E). A register tile of R rows x 2
+// vectors of keys; each step loads two key vectors and broadcasts R query
+// elements, so K comes from L1/L2 once per R rows.
+template <size_t R, class DK>
+HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float* S) {
+  const size_t N = hn::Lanes(dk);
+  for (size_t j = 0; j < kBk; j += 2 * N) {
+    // One 2-D accumulator array (not one array per key vector) keeps GCC
+    // from splitting the loop in two, which would broadcast each query
+    // element twice.
+    hn::Vec<DK> acc[R][2];
+    for (size_t r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(dk);
+    const float* kt = Kt + j;
+    const float* qt = Qt;
+    for (size_t h = 0; h < H; ++h, kt += kBk, qt += R) {
+      const auto k0 = hn::Load(dk, kt), k1 = hn::Load(dk, kt + N);
+      for (size_t r = 0; r < R; ++r) {
+        const auto q = hn::Set(dk, qt[r]);
+        acc[r][0] = hn::MulAdd(q, k0, acc[r][0]);
+        acc[r][1] = hn::MulAdd(q, k1, acc[r][1]);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) {
+      hn::Store(acc[r][0], dk, S + r * kBk + j);
+      hn::Store(acc[r][1], dk, S + r * kBk + j + N);
+    }
+  }
+}
+
+// Where row i of the call reads its query and writes its output.
+struct RowIO {
+  const float* q;
+  float* out;
+  RowBounds b;
+};
+
+template <int kG>
+HWY_INLINE RowIO RowAt(const g3_core_args* a, size_t i) {
+  const size_t G = kG ? size_t(kG) : size_t(a->group), H = size_t(a->head_dim);
+  const size_t t = i / G, g = i % G;
+  RowIO io;
+  io.q = a->q + int64_t(t) * a->q_stride + int64_t(g * H);
+  io.out = a->out + int64_t(t) * a->out_stride + int64_t(g * H);
+  io.b = BoundsOf(a->qpos[t], a->window);
+  return io;
+}
+
+// Normalises a finished row (SPEC 1.3 step H's division, deferred) and
+// writes lse; a row that saw no key gets zeros and lse = -inf.
+template <class D>
+HWY_INLINE void FinishRow(D d, const float* O, float m, float l, size_t H, float* out, float* lse) {
+  const size_t N = hn::Lanes(d);
+  if (!(l > 0)) {
+    for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Zero(d), d, out + h);
+    if (lse) *lse = -INFINITY;
+    return;
+  }
+  const auto inv = hn::Set(d, 1.0f / l);
+  for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + h), inv), d, out + h);
+  if (lse) *lse = m + logf(l);
+}
+
+// Prefill: blocks of kMacroRows rows; for each key tile that some row of the
+// block may see, the tile is widened to f32 and transposed once ([H][kBk]),
+// then every register tile of kRows rows runs QK -> softmax -> PV on it.
+template <int kDH, int kG, int kKV, class D>
+HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const TileInfo* info, size_t ntiles) {
+  const hn::ScalableTag<float> dk;
+  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
+  constexpr size_t R = kRows;
+  static thread_local Scratch scratch;
+  const size_t nmicro_max = kMacroRows / R;
+  const size_t off_kt = 0, off_vf = off_kt + H * kBk, off_qt = off_vf + (kKV == G3_DTYPE_BF16 ? H * kBk : 0);
+  const size_t off_o = off_qt + kMacroRows * H, off_s = off_o + kMacroRows * H, off_m = off_s + R * kBk;
+  const size_t off_l = off_m + kMacroRows, off_c = off_l + kMacroRows, off_kp = off_c + R,
+               off_kv = off_kp + kBk, total = off_kv + kBk;
+  float* base = scratch.Get(total);
+  float* Kt = base + off_kt;
+  float* Vf = base + off_vf;
+  float* Qt = base + off_qt;
+  float* O = base + off_o;
+  float* S = base + off_s;
+  float* m = base + off_m;
+  float* l = base + off_l;
+  float* corr = base + off_c;
+  int32_t* kp = reinterpret_cast<int32_t*>(base + off_kp);
+  int32_t* kv = reinterpret_cast<int32_t*>(base + off_kv);
+
+  RowIO io[kMacroRows];
+  RowBounds rb[kMacroRows];
+  RowSet micro[kMacroRows / kRows];
+  for (size_t r0 = 0; r0 < rows; r0 += kMacroRows) {
+    const size_t nrows = rows - r0 < kMacroRows ? rows - r0 : kMacroRows;
+    const size_t nmicro = (nrows + R - 1) / R;
+    RowSet all{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+    for (size_t u = 0; u < nmicro; ++u) {
+      RowSet rs{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+      for (size_t r = 0; r < R; ++r) {
+        const size_t i = u * R + r;
+        float* qt = Qt + u * H * R + r;
+        if (i < nrows) {
+          io[i] = RowAt<kG>(a, r0 + i);
+          rb[i] = io[i].b;
+          for (size_t h = 0; h < H; ++h) qt[h * R] = io[i].q[h];
+          rs.hi_min = rb[i].hi < rs.hi_min ? rb[i].hi : rs.hi_min;
+          rs.hi_max = rb[i].hi > rs.hi_max ? rb[i].hi : rs.hi_max;
+          rs.lo_min = rb[i].lo < rs.lo_min ? rb[i].lo : rs.lo_min;
+          rs.lo_max = rb[i].lo > rs.lo_max ? rb[i].lo : rs.lo_max;
+        } else {
+          // Padding rows of the last register tile: zero queries that see
+          // nothing; computed, never stored.
+          rb[i] = RowBounds{INT32_MAX, INT32_MIN};
+          for (size_t h = 0; h < H; ++h) qt[h * R] = 0.0f;
+        }
+        m[i] = kNegBig;
+        l[i] = 0.0f;
+      }
+      micro[u] = rs;
+      all.hi_min = rs.hi_min < all.hi_min ? rs.hi_min : all.hi_min;
+      all.hi_max = rs.hi_max > all.hi_max ? rs.hi_max : all.hi_max;
+      all.lo_min = rs.lo_min < all.lo_min ? rs.lo_min : all.lo_min;
+      all.lo_max = rs.lo_max > all.lo_max ? rs.lo_max : all.lo_max;
+    }
+    memset(O, 0, nmicro * R * H * sizeof(float));
+
+    for (size_t k = 0; k < ntiles; ++k) {
+      if (Classify(info[k], all) == kSkip) continue;
+      const size_t s0 = k * kBk;
+      const size_t nk = size_t(a->S) - s0 < kBk ? size_t(a->S) - s0 : kBk;
+      // Widen and transpose the key tile: Kt[h][s]; slots past S are zero.
+      // Blocks of 16 keys: each h then writes one whole cache line of Kt
+      // while reading 16 sequential K streams, instead of touching H lines
+      // per key.
+      for (size_t sb = 0; sb < kBk; sb += 16) {
+        const size_t nb = nk > sb ? (nk - sb < 16 ? nk - sb : 16) : 0;
+        for (size_t h = 0; h < H; ++h) {
+          float* dst = Kt + h * kBk + sb;
+          if constexpr (kKV == G3_DTYPE_F32) {
+            const float* src = static_cast<const float*>(a->k) + (s0 + sb) * H + h;
+            for (size_t s = 0; s < nb; ++s) dst[s] = src[s * H];
+          } else {
+            const uint16_t* src = static_cast<const uint16_t*>(a->k) + (s0 + sb) * H + h;
+            for (size_t s = 0; s < nb; ++s) {
+              const uint32_t u32 = uint32_t(src[s * H]) << 16;
+              memcpy(dst + s, &u32, 4);
+            }
+          }
+          for (size_t s = nb; s < 16; ++s) dst[s] = 0.0f;
+        }
+      }
+      // Values: f32 are read in place; bf16 are widened once per tile here
+      // rather than once per register tile.
+      const float* Vt = static_cast<const float*>(a->v) + (kKV == G3_DTYPE_F32 ? s0 * H : 0);
+      if constexpr (kKV == G3_DTYPE_BF16) {
+        for (size_t i = 0; i < nk * H; i += hn::Lanes(d))
+          hn::Store(LoadKV<G3_DTYPE_BF16>(d, a->v, s0 * H + i), d, Vf + i);
+        Vt = Vf;
+      }
+      TileMaskData(a, k, kp, kv);
+      for (size_t u = 0; u < nmicro; ++u) {
+        const TileClass c = Classify(info[k], micro[u]);
+        if (c == kSkip) continue;
+        QKTile<R>(dk, Qt + u * H * R, Kt, H, S);
+        SoftmaxTile(dk, R, kBk, S, c == kFull, kp, kv, rb + u * R, m + u * R, l + u * R, corr);
+        PVTile<R, 2, G3_DTYPE_F32>(d, S, corr, Vt, nk, H, O + u * R * H);
+      }
+    }
+    for (size_t i = 0; i < nrows; ++i)
+      FinishRow(d, O + i * H, m[i], l[i], H, io[i].out, a->lse ? a->lse + (r0 + i) : nullptr);
+  }
+}
+
+// Decode-sized calls (few rows): logits by dot products straight from the
+// cache, then the same online softmax, then P.V. K and V are each read
+// exactly once and strictly in address order, key row after key row, which
+// is what the hardware prefetcher follows best on a long bandwidth-bound
+// stream. Consecutive keys are independent, so out-of-order execution
+// overlaps their FMA chains.
+template <size_t NR, int kKV, class D>
+HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* K, size_t s0, size_t nk, size_t width,
+                             size_t H, float* S) {
+  const size_t N = hn::Lanes(d);
+  for (size_t s = 0; s < nk; ++s) {
+    hn::Vec<D> acc[NR][2];
+    for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
+    size_t h = 0;
+    for (; h + 2 * N <= H; h += 2 * N) {
+      const auto k0 = LoadKV<kKV>(d, K, (s0 + s) * H + h), k1 = LoadKV<kKV>(d, K, (s0 + s) * H + h + N);
+      for (size_t r = 0; r < NR; ++r) {
+        acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
+        acc[r][1] = hn::MulAdd(hn::LoadU(d, q[r] + h + N), k1, acc[r][1]);
+      }
+    }
+    for (; h < H; h += N) {
+      const auto k0 = LoadKV<kKV>(d, K, (s0 + s) * H + h);
+      for (size_t r = 0; r < NR; ++r) acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
+    }
+    for (size_t r = 0; r < NR; ++r) S[r * kBk + s] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[r][0], acc[r][1])));
+  }
+  for (size_t r = 0; r < NR; ++r)
+    for (size_t j = nk; j < width; ++j) S[r * kBk + j] = 0.0f;  // masked later (invalid padding)
+}
+
+// Decode P.V (SPEC 1.3 step I): O[r] = O[r] * corr[r] + sum_s P[r][s] V[s],
+// V rows read in order, each once; the NR running outputs (NR x H floats)
+// stay in L1.
+template <size_t NR, int kKV, class D>
+HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
+  const size_t N = hn::Lanes(d);
+  for (size_t r = 0; r < NR; ++r) {
+    if (corr[r] == 1.0f) continue;
+    const auto c = hn::Set(d, corr[r]);
+    for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + r * H + h), c), d, O + r * H + h);
+  }
+  size_t s = 0;
+  // Four keys per pass over O: a quarter of the O loads and stores, and the
+  // four V rows are one contiguous stretch of memory.
+  for (; s + 4 <= nk; s += 4) {
+    hn::Vec<D> p[NR][4];
+    for (size_t r = 0; r < NR; ++r)
+      for (size_t j = 0; j < 4; ++j) p[r][j] = hn::Set(d, P[r * kBk + s + j]);
+    for (size_t h = 0; h < H; h += N) {
+      hn::Vec<D> v[4];
+      for (size_t j = 0; j < 4; ++j) v[j] = LoadKV<kKV>(d, V, (s + j) * H + h);
+      for (size_t r = 0; r < NR; ++r) {
+        auto o = hn::LoadU(d, O + r * H + h);
+        for (size_t j = 0; j < 4; ++j) o = hn::MulAdd(p[r][j], v[j], o);
+        hn::StoreU(o, d, O + r * H + h);
+      }
+    }
+  }
+  for (; s < nk; ++s) {
+    hn::Vec<D> p[NR];
+    for (size_t r = 0; r < NR; ++r) p[r] = hn::Set(d, P[r * kBk + s]);
+    for (size_t h = 0; h < H; h += N) {
+      const auto v = LoadKV<kKV>(d, V, s * H + h);
+      for (size_t r = 0; r < NR; ++r) hn::StoreU(hn::MulAdd(p[r], v, hn::LoadU(d, O + r * H + h)), d, O + r * H + h);
+    }
+  }
+}
+
+template <size_t NR, int kDH, int kG, int kKV, class D>
+HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const TileInfo* info, size_t ntiles) {
+  const hn::ScalableTag<float> dk;
+  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
+  static thread_local Scratch scratch;
+  float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk);
+  float* S = O + NR * H;
+  int32_t* kp = reinterpret_cast<int32_t*>(S + NR * kBk);
+  int32_t* kv = kp + kBk;
+  RowIO io[NR];
+  RowBounds rb[NR];
+  const float* q[NR];
+  float m[NR], l[NR], corr[NR];
+  RowSet rs{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+  for (size_t r = 0; r < NR; ++r) {
+    io[r] = RowAt<kG>(a, row0 + r);
+    rb[r] = io[r].b;
+    q[r] = io[r].q;
+    m[r] = kNegBig;
+    l[r] = 0.0f;
+    rs.hi_min = rb[r].hi < rs.hi_min ? rb[r].hi : rs.hi_min;
+    rs.hi_max = rb[r].hi > rs.hi_max ? rb[r].hi : rs.hi_max;
+    rs.lo_min = rb[r].lo < rs.lo_min ? rb[r].lo : rs.lo_min;
+    rs.lo_max = rb[r].lo > rs.lo_max ? rb[r].lo : rs.lo_max;
+  }
+  memset(O, 0, NR * H * sizeof(float));
+  // Tiles are classified as in prefill, then streamed in sub-blocks of kDk
+  // keys: a sub-block's K and V rows (2 x kDk x H elements) stay in L1
+  // between the logits and P.V, so each is read from memory exactly once.
+  constexpr size_t kDk = 16;  // a multiple of every target's lane count
+  for (size_t k = 0; k < ntiles; ++k) {
+    const TileClass c = Classify(info[k], rs);
+    if (c == kSkip) continue;
+    if (c != kFull) TileMaskData(a, k, kp, kv);
+    const size_t t0 = k * kBk;
+    const size_t nt = size_t(a->S) - t0 < kBk ? size_t(a->S) - t0 : kBk;
+    for (size_t b = 0; b < nt; b += kDk) {
+      const size_t s0 = t0 + b, nk = nt - b < kDk ? nt - b : kDk;
+      // Ask for the K and V rows kPf keys ahead explicitly as well (slots
+      // are contiguous per KV head, so these are two sequential byte ranges):
+      // one thread's demand misses alone do not keep enough reads in flight.
+      constexpr size_t kPf = 48;
+      if (s0 + kPf < size_t(a->S)) {
+        const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
+        const size_t n = (size_t(a->S) - s0 - kPf < kDk ? size_t(a->S) - s0 - kPf : kDk) * H * esz;
+        const uint8_t* kb = static_cast<const uint8_t*>(a->k) + (s0 + kPf) * H * esz;
+        const uint8_t* vb = static_cast<const uint8_t*>(a->v) + (s0 + kPf) * H * esz;
+        for (size_t off = 0; off < n; off += 64) {
+          hwy::Prefetch(kb + off);
+          hwy::Prefetch(vb + off);
+        }
+      }
+      DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, S);
+      SoftmaxTile(dk, NR, kDk, S, c == kFull, kp + b, kv + b, rb, m, l, corr);
+      const void* V = kKV == G3_DTYPE_F32 ? static_cast<const void*>(static_cast<const float*>(a->v) + s0 * H)
+                                          : static_cast<const void*>(static_cast<const uint16_t*>(a->v) + s0 * H);
+      DecodePV<NR, kKV>(d, S, corr, V, nk, H, O);
+    }
+  }
+  for (size_t r = 0; r < NR; ++r)
+    FinishRow(d, O + r * H, m[r], l[r], H, io[r].out, a->lse ? a->lse + (row0 + r) : nullptr);
+}
+
+template <int kDH, int kG, int kKV, class D>
+HWY_INLINE void CoreDecode(D d, const g3_core_args* a, size_t rows, const TileInfo* info, size_t ntiles) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) CoreDecodeGroup<4, kDH, kG, kKV>(d, a, r, info, ntiles);
+  switch (rows - r) {
+    case 3: CoreDecodeGroup<3, kDH, kG, kKV>(d, a, r, info, ntiles); break;
+    case 2: CoreDecodeGroup<2, kDH, kG, kKV>(d, a, r, info, ntiles); break;
+    case 1: CoreDecodeGroup<1, kDH, kG, kKV>(d, a, r, info, ntiles); break;
+    default: break;
+  }
+}
+
+template <int kDH, int kG, int kKV, class D>
+HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
+  const size_t G = kG ? size_t(kG) : size_t(a->group);
+  const size_t rows = size_t(a->T) * G;
+  if (rows == 0) return;
+  if (a->S <= 0) {  // nothing to attend to: every row is a no-key row
+    for (size_t i = 0; i < rows; ++i) {
+      const RowIO io = RowAt<kG>(a, i);
+      FinishRow(d, io.q, 0.0f, 0.0f, size_t(a->head_dim), io.out, a->lse ? a->lse + i : nullptr);
+    }
+    return;
+  }
+  static thread_local Scratch scratch;
+  const size_t ntiles = (size_t(a->S) + kBk - 1) / kBk;
+  TileInfo* info = reinterpret_cast<TileInfo*>(scratch.Get(ntiles * (sizeof(TileInfo) / sizeof(float) + 1)));
+  TileInfos(a, ntiles, info);
+  if (rows <= kDecodeRows) {
+    CoreDecode<kDH, kG, kKV>(d, a, rows, info, ntiles);
+  } else {
+    CorePrefill<kDH, kG, kKV>(d, a, rows, info, ntiles);
+  }
+}
+
+// Entry for the per-key instances. kDH: 0 = runtime head_dim; kG: 0 =
+// runtime group; kKV: -1 = runtime KV dtype. The window is always read from
+// the args: it only enters tile classification and mask bounds, where a
+// constant buys nothing.
+template <int kDH, int kG, int kKV>
+HWY_INLINE void Core(const g3_core_args* a) {
+  if constexpr (kKV < 0) {
+    if (a->kv_dtype == G3_DTYPE_BF16) {
+      Core<kDH, kG, G3_DTYPE_BF16>(a);
+    } else {
+      Core<kDH, kG, G3_DTYPE_F32>(a);
+    }
+  } else {
+    const hn::ScalableTag<float> df;
+    if constexpr (kDH != 0 && size_t(kDH) % hn::MaxLanes(df) == 0) {
+      CoreImpl<kDH, kG, kKV>(df, a);
+    } else {
+      const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
+      if (H % hn::Lanes(df) == 0) {
+        CoreImpl<kDH, kG, kKV>(df, a);
+      } else {
+        CoreImpl<kDH, kG, kKV>(hn::CappedTag<float, 1>(), a);
+      }
+    }
+  }
+}
+
+}  // namespace attn
+}  // namespace HWY_NAMESPACE
+}  // namespace g3
+HWY_AFTER_NAMESPACE();
+
+#endif  // G3_ATTENTION_INL_H_

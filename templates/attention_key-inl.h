@@ -1,0 +1,104 @@
+// One kernel key's entry points: the contract's QK and core functions with
+// the key's constants baked in, compiled once per Highway target.
+//
+// A generated source #defines the constants below, names a namespace for the
+// key (G3_KEY_NS) and includes this file through Highway's foreach_target
+// (HWY_TARGET_INCLUDE). Every constant has a default meaning "take it from
+// the call's arguments", so this file compiled with no definitions at all is
+// the generic kernel that serves keys not generated at build time.
+//
+// Defined per target:   g3::G3_KEY_NS::N_<TARGET>::Qk / Core
+// Defined once (HWY_ONCE): g3::G3_KEY_NS::Targets, a g3_hwy_key_targets_fn.
+
+#ifndef G3_KEY_NS
+#define G3_KEY_NS generic
+#endif
+// head_dim; 0: g3_qk_args::head_dim / g3_core_args::head_dim.
+#ifndef G3_HEAD_DIM
+#define G3_HEAD_DIM 0
+#endif
+// Query heads per KV head (G = N / Nkv); 0: g3_core_args::group.
+#ifndef G3_GROUP
+#define G3_GROUP 0
+#endif
+// KV cache element type: G3_DTYPE_F32 (0), G3_DTYPE_BF16 (1); -1: kv_dtype.
+#ifndef G3_KV_DTYPE
+#define G3_KV_DTYPE -1
+#endif
+// RoPE base and linear scale of the layer kind (SPEC 2.2); 0: rope_base /
+// rope_scale of g3_qk_args.
+#ifndef G3_ROPE_BASE
+#define G3_ROPE_BASE 0.0
+#endif
+#ifndef G3_ROPE_SCALE
+#define G3_ROPE_SCALE 0.0
+#endif
+// Query scale alpha (SPEC 1.3 step C.2); 0: g3_qk_args::alpha.
+#ifndef G3_ALPHA
+#define G3_ALPHA 0.0f
+#endif
+// The sliding window W (0 = global) is part of the key but is always read
+// from g3_core_args::window: it only bounds tiles and masks, where a
+// constant saves nothing. Kept here so a generated source states it.
+#ifndef G3_WINDOW
+#define G3_WINDOW -1
+#endif
+
+#include "attention-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace g3 {
+namespace G3_KEY_NS {
+namespace HWY_NAMESPACE {
+
+void Qk(const g3_qk_args* a) {
+  const double base = G3_ROPE_BASE > 0 ? double(G3_ROPE_BASE) : a->rope_base;
+  const double scale = G3_ROPE_SCALE > 0 ? double(G3_ROPE_SCALE) : a->rope_scale;
+  const float alpha = G3_ALPHA > 0 ? float(G3_ALPHA) : a->alpha;
+  g3::HWY_NAMESPACE::attn::Qk<G3_HEAD_DIM, G3_KV_DTYPE>(a, base, scale, alpha);
+}
+
+void Core(const g3_core_args* a) { g3::HWY_NAMESPACE::attn::Core<G3_HEAD_DIM, G3_GROUP, G3_KV_DTYPE>(a); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace G3_KEY_NS
+}  // namespace g3
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "attention_registry.h"
+
+namespace g3 {
+namespace G3_KEY_NS {
+
+// Best target first, so a caller asking for "best" takes the first entry the
+// CPU supports.
+static const g3_hwy_target_kernels kTargets[] = {
+#if HWY_TARGETS & HWY_AVX3_DL
+    {HWY_AVX3_DL, "avx3_dl", &N_AVX3_DL::Qk, &N_AVX3_DL::Core},
+#endif
+#if HWY_TARGETS & HWY_AVX3
+    {HWY_AVX3, "avx3", &N_AVX3::Qk, &N_AVX3::Core},
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    {HWY_AVX2, "avx2", &N_AVX2::Qk, &N_AVX2::Core},
+#endif
+#if HWY_TARGETS & HWY_SSE4
+    {HWY_SSE4, "sse4", &N_SSE4::Qk, &N_SSE4::Core},
+#endif
+#if HWY_TARGETS & HWY_SSSE3
+    {HWY_SSSE3, "ssse3", &N_SSSE3::Qk, &N_SSSE3::Core},
+#endif
+#if HWY_TARGETS & HWY_SCALAR
+    {HWY_SCALAR, "scalar", &N_SCALAR::Qk, &N_SCALAR::Core},
+#endif
+};
+
+const g3_hwy_target_kernels* Targets(int* count) {
+  *count = int(sizeof(kTargets) / sizeof(kTargets[0]));
+  return kTargets;
+}
+
+}  // namespace G3_KEY_NS
+}  // namespace g3
+#endif  // HWY_ONCE
