@@ -1,9 +1,229 @@
-// Placeholder until the bench subcommand lands.
+// g3attn bench: per-ISA, per-backend timings of the attention kernels next
+// to this machine's measured peaks; table, JSON, CSV, SVG and --compare.
+// The work is in runtime/bench/; this file only parses and prints.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "args.h"
+#include "bench/bench.h"
+#include "bench/report.h"
+#include "backend_api.h"
 #include "commands.h"
 #include "errors.h"
+#include "isa.h"
+#include "npy.h"
 
 namespace g3::cli {
 
-int cmd_bench(int, char**, int) { throw InputError("'bench' is not available in this build yet"); }
+namespace {
+
+std::string secs(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+// The time limits of the default run, in the words --help prints.
+std::string budget_text() {
+  return "Time limits, so the default run stays under two minutes: a row predicted to take more than " +
+         secs(bench::kRunBudgetSeconds) +
+         " s per run\n(from the same backend/ISA's smaller rows, or a probe) is skipped with a note - always for "
+         "the reference,\nand for every backend when --context is not given; with the default --context and "
+         "--repeat, rows\nstarting after " +
+         secs(bench::kDefaultRunSeconds) + " s take one timed run.\n\n";
+}
+
+std::vector<Option> bench_options() {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return {
+      {"model", Arity::Value, "LIST", "built-in sizes, comma-separated: 270m,1b,4b,12b,27b (default 1b,4b)"},
+      {"isa", Arity::Value, "all|LIST",
+       "scalar,ssse3,sse4,avx2,avx3,avx3_dl,best; ones this machine or build cannot run are skipped with a note "
+       "(default $G3ATTN_ISA if set, else all)"},
+      {"backend", Arity::Value, "all|LIST",
+       "reference,highway,llvm,xbyak; ones this build lacks are skipped with a note (default all)"},
+      {"phase", Arity::Value, "P",
+       "prefill|decode|block|projections|all, or a comma list (default prefill,decode)"},
+      {"new-tokens", Arity::Value, "N",
+       "prefill queries (the last N positions of the context); block and projections also run 1 token "
+       "(default " + std::to_string(bench::kDefaultNewTokens) + ")"},
+      {"context", Arity::Value, "LIST",
+       "key positions, comma-separated (default 1024,4096 for prefill and block, 4096,32768 for decode and "
+       "1-token block)"},
+      {"batch", Arity::Value, "B", "sequences per call, each with its own cache (default 1)"},
+      {"threads", Arity::Value, "N", "threads for the kernels and the peaks (default all cores: " +
+                                         std::to_string(cores) + ")"},
+      {"repeat", Arity::Value, "N",
+       "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) +
+           ", fewer - at least 1 - once a row's runs pass " + secs(bench::kRowSeconds) +
+           " s; an explicit N is always honoured)"},
+      {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16|all (default f32)"},
+      {"weight-dtype", Arity::Value, "T", "projection weight type f32|bf16 (default bf16)"},
+      {"json", Arity::OptionalValue, "FILE", "JSON instead of the table on stdout, or the table plus FILE"},
+      {"csv", Arity::Value, "FILE", "the rows as CSV"},
+      {"svg", Arity::Value, "FILE", "grouped bar chart of % of peak per shape, one bar per backend/ISA"},
+      {"compare", Arity::Value, "OLD.json", "time ratios against an earlier --json run of the same rows"},
+      {"threshold", Arity::Value, "PCT", "--compare flags rows slower by more than PCT percent (default 10)"},
+  };
+}
+
+const char* kHelpHead =
+    "Usage: g3attn bench [--model 1b,4b,...] [--isa all|LIST] [--backend all|LIST]\n"
+    "                    [--phase prefill|decode|block|projections|all] [--new-tokens N]\n"
+    "                    [--context 4096,32768,...] [--batch B] [--threads N] [--repeat N]\n"
+    "                    [--kv-dtype f32|bf16|all] [--weight-dtype f32|bf16] [--json [FILE]]\n"
+    "                    [--csv FILE] [--svg FILE] [--compare OLD.json] [--threshold PCT]\n\n"
+    "Measures this machine's peaks first (fp32 FMA GFLOP/s, bf16 vdpbf16ps GFLOP/s where the CPU has\n"
+    "AVX512_BF16, DRAM read GB/s; for the thread count used), then one row per backend x ISA x model x\n"
+    "layer kind x phase x context x KV dtype:\n"
+    "  prefill      the attention core for the last N positions of the context against the cache\n"
+    "               (causal; the window on local layers)\n"
+    "  decode       the attention core for one new token over the context (KV chunks split across\n"
+    "               threads and merged by log-sum-exp)\n"
+    "  block        the whole block: norms, fused QKV projection, QK-norm + RoPE + cache write, core,\n"
+    "               output projection, post-norm; for N tokens and for 1 token\n"
+    "  projections  the Q/K/V and output projections alone, for N tokens and for 1 token\n"
+    "Each row: median and minimum ms, GFLOP/s, GB/s of K/V read (decode), % of the relevant peak, and\n"
+    "speed relative to the reference and to the fastest row of the same shape. The FLOP rule is printed\n"
+    "under the table. The reference is scalar code, measured once per shape.\n";
+
+std::vector<std::string> expand(const std::vector<std::string>& given, const std::vector<std::string>& all,
+                                const std::string& flag, const std::string& valid) {
+  std::vector<std::string> out;
+  for (const auto& g : given) {
+    if (g == "all") {
+      for (const auto& a : all)
+        if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+      continue;
+    }
+    if (std::find(all.begin(), all.end(), g) == all.end())
+      throw InputError(flag + ": unknown value '" + g + "' (valid: " + valid + ")");
+    if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  }
+  return out;
+}
+
+// Fails before a long run when an output could not be written at the end.
+void check_writable(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(flag + " " + path + ": directory " + dir.string() + " does not exist");
+  if (fs::is_directory(p, ec)) throw InputError(flag + " " + path + ": is a directory");
+  if (access(dir.c_str(), W_OK) != 0) throw InputError(flag + " " + path + ": directory is not writable");
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv, int first) {
+  Args a("bench", bench_options(), argc, argv, first);
+  if (a.help()) {
+    std::cout << kHelpHead << budget_text() << a.usage();
+    return 0;
+  }
+  bench::Options o;
+  o.models = a.list("model", "1b,4b");
+  for (const auto& m : o.models) builtin_model(m);
+
+  // ISAs: "all", a list, or $G3ATTN_ISA when the flag is absent.
+  std::string isa_flag = a.str("isa"), isa_from = "--isa";
+  if (isa_flag.empty()) {
+    const char* env = std::getenv("G3ATTN_ISA");
+    isa_flag = env && *env ? env : "all";
+    if (env && *env) isa_from = "G3ATTN_ISA";
+  }
+  {
+    std::vector<std::string> names = isa_names();
+    std::string valid;
+    for (const auto& n : names) valid += n + ", ";
+    valid += "best, all";
+    std::vector<std::string> given;
+    std::stringstream ss(isa_flag);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) given.push_back(item);
+    if (given.empty()) throw InputError(isa_from + ": empty list");
+    for (auto& g : given) {
+      if (g == "best") g = best_isa();
+      if (g != "all" && isa_target_bit(g) == 0)
+        throw InputError(isa_from + ": unknown ISA '" + g + "' (valid: " + valid + ")");
+    }
+    o.isas = expand(given, names, "--isa", valid);
+  }
+  o.backends = expand(a.list("backend", "all"), {"reference", "highway", "llvm", "xbyak"}, "--backend",
+                      "reference, highway, llvm, xbyak, all");
+  o.phases = expand(a.list("phase", "prefill,decode"), bench::phase_names(), "--phase",
+                    "prefill, decode, block, projections, all");
+  o.new_tokens = a.integer("new-tokens", bench::kDefaultNewTokens, 1, 1 << 20);
+  if (a.has("context"))
+    for (const auto& c : a.list("context", "")) {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(c, &used, 10);
+      } catch (...) {
+        used = 0;
+      }
+      if (used == 0 || used != c.size() || v < 1 || v > (1 << 24))
+        throw InputError("--context: '" + c + "' is not a token count in [1, 16777216]");
+      o.contexts.push_back(v);
+    }
+  o.batch = int(a.integer("batch", 1, 1, 1024));
+  o.threads = int(a.integer("threads", 0, 1, 1024));
+  o.repeat = int(a.integer("repeat", 0, 1, 1000000));
+  const std::string kv = a.str("kv-dtype", "f32");
+  if (kv == "all") o.kv_dtypes = {DType::F32, DType::BF16};
+  else o.kv_dtypes = {parse_dtype(kv, "--kv-dtype")};
+  o.weight_dtype = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+  double threshold = 10;
+  if (a.has("threshold")) {
+    const std::string t = a.str("threshold");
+    size_t used = 0;
+    try {
+      threshold = std::stod(t, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != t.size() || !std::isfinite(threshold) || threshold < 0 || threshold > 10000)
+      throw InputError("--threshold: '" + t + "' is not a percentage in [0, 10000]");
+  }
+  if (a.has("threshold") && !a.has("compare")) throw InputError("--threshold needs --compare OLD.json");
+  const bool json_stdout = a.has("json") && a.str("json").empty();
+  if (a.has("json") && !json_stdout) check_writable("--json", a.str("json"));
+  if (a.has("csv")) check_writable("--csv", a.str("csv"));
+  if (a.has("svg")) check_writable("--svg", a.str("svg"));
+  std::vector<bench::Row> old_rows;
+  if (a.has("compare")) old_rows = bench::load_rows(a.str("compare"));
+  o.progress = isatty(STDERR_FILENO) != 0;
+  bench::validate(o);
+
+  bench::Result r = bench::run_bench(o);
+  std::optional<bench::Comparison> cmp;
+  if (a.has("compare")) cmp = bench::compare(old_rows, r.rows, threshold, a.str("compare"));
+
+  if (a.has("json")) emit_json(a, bench::to_json(r, cmp ? &*cmp : nullptr).dump(1));
+  if (a.has("csv")) {
+    std::string s = bench::csv_text(r);
+    write_file_atomic(a.str("csv"), std::vector<uint8_t>(s.begin(), s.end()));
+  }
+  if (a.has("svg")) {
+    std::string s = bench::svg_text(r);
+    write_file_atomic(a.str("svg"), std::vector<uint8_t>(s.begin(), s.end()));
+  }
+  if (!json_stdout) {
+    std::cout << bench::table_text(r);
+    if (cmp) std::cout << bench::compare_text(*cmp);
+    std::cout.flush();
+  }
+  return 0;
+}
 
 }  // namespace g3::cli

@@ -1,0 +1,95 @@
+// The per-ISA, per-backend bench harness behind `g3attn bench`: it builds the
+// shapes asked for, resolves each backend's kernel table for each ISA through
+// the kernel registry, calls the kernels on its own threads and returns one
+// row per (backend, ISA, model, layer kind, phase, context, KV dtype), next to
+// this machine's peaks measured in the same run.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernel_key.h"
+#include "peaks.h"
+
+namespace g3::bench {
+
+// Defaults (documented in `g3attn bench --help`).
+inline constexpr int64_t kDefaultNewTokens = 512;
+inline constexpr int kDefaultRepeat = 5;
+// A row with the default --repeat stops taking runs once its timed runs
+// exceed this many seconds (at least one run is always taken).
+inline constexpr double kRowSeconds = 0.5;
+// A row predicted to need more than this per run is skipped with a note:
+// always for the reference backend, and for every backend when the contexts
+// are the defaults (so the default run stays short).
+inline constexpr double kRunBudgetSeconds = 1.5;
+// With the default contexts and --repeat, rows that start after this many
+// seconds take a single timed run, so a loaded machine still finishes the
+// default run in about two minutes.
+inline constexpr double kDefaultRunSeconds = 60;
+const std::vector<int64_t>& default_prefill_contexts();  // prefill and block
+const std::vector<int64_t>& default_decode_contexts();   // decode and 1-token block
+const std::vector<std::string>& phase_names();           // prefill decode block projections
+
+struct Options {
+  std::vector<std::string> models = {"1b", "4b"};  // built-in sizes
+  std::vector<std::string> isas;                   // resolved names, lowest first; may include unrunnable ones
+  std::vector<std::string> backends = {"reference", "highway", "llvm", "xbyak"};
+  std::vector<std::string> phases = {"prefill", "decode"};
+  int64_t new_tokens = kDefaultNewTokens;
+  std::vector<int64_t> contexts;  // empty: the defaults above, per phase
+  int batch = 1;
+  int threads = 0;                // 0: every core
+  int repeat = 0;                 // 0: kDefaultRepeat, shortened by kRowSeconds
+  std::vector<DType> kv_dtypes = {DType::F32};
+  DType weight_dtype = DType::BF16;
+  bool progress = false;          // one line per row on stderr while running
+};
+
+struct Row {
+  std::string backend, isa, model, kind, phase, kv_dtype, weight_dtype;
+  int batch = 1;
+  int64_t new_tokens = 0;
+  std::optional<int64_t> context;  // empty for projections (no keys)
+  double ms_median = 0, ms_min = 0;
+  double gflops = 0;
+  std::optional<double> gbs;       // K/V bytes read per second, decode rows only
+  double pct_peak = 0;             // of the fp32 FMA peak, or of DRAM read for decode rows
+  std::optional<double> vs_reference;  // reference time / this time, same shape
+  std::optional<double> vs_best;       // best time of the shape / this time (1 = best)
+  // Extra detail for JSON readers.
+  int runs = 0;
+  double flops = 0, kv_bytes = 0;
+  bool specialised = true;
+  std::string stages[4];          // backend of qk, core, gemm, rmsnorm
+  // Everything but backend and ISA: rows with equal shape_id compete.
+  std::string shape_id() const;
+  // shape_id plus backend and ISA: how --compare matches rows.
+  std::string match_id() const;
+};
+
+struct Result {
+  Options options;                 // as run (threads and contexts resolved)
+  Peaks peaks;
+  std::vector<Row> rows;
+  std::vector<std::string> notes;  // skips and caveats, each once
+  std::vector<std::string> isas_runnable, isas_compiled, backends_built;
+  double seconds = 0;              // wall time of the whole run
+};
+
+// For tests: runs the core of one shape (batch 1, f32 KV, phase prefill or
+// decode) through the bench's own splitting - query tiles, key ranges cut
+// to the causal end and the window, decode KV chunks merged by their lse -
+// on `backend`/`isa` with `threads` threads, and returns the largest
+// absolute difference from one unsplit reference call per KV head.
+double harness_max_error(const std::string& model, const std::string& kind, const std::string& phase,
+                         int64_t context, int64_t new_tokens, int threads, const std::string& backend,
+                         const std::string& isa);
+
+// Validates what the options can be checked for before anything runs
+// (InputError with one line), then measures the peaks and every row.
+void validate(const Options& o);
+Result run_bench(Options o);
+
+}  // namespace g3::bench

@@ -1,0 +1,27 @@
+// This machine's peaks, measured in the same run as the bench rows so every
+// row can be read as a fraction of what the hardware did a moment earlier
+// (the machine is shared, so a peak from a datasheet or an old run would lie).
+#pragma once
+#include <optional>
+#include <string>
+
+namespace g3::bench {
+
+struct Peaks {
+  int threads = 1;
+  double fp32_gflops = 0;              // register-resident FMA loop, all threads
+  std::string fp32_isa;                // "avx512f" | "avx2+fma" | "scalar"
+  std::optional<double> bf16_gflops;   // vdpbf16ps loop; empty without AVX512_BF16
+  double dram_read_gbs = 0;            // vectorised sum over arrays far beyond the LLC
+  double dram_bytes = 0;               // total size of those arrays
+};
+
+// Runs each measurement on `threads` std::threads at once and keeps the best
+// of a few trials. Takes about a second and 1 GiB of memory briefly.
+Peaks measure_peaks(int threads);
+
+// Last-level cache size in bytes from sysfs (0 when unknown): decode rows
+// whose K/V fit in it can read faster than DRAM.
+long long llc_bytes();
+
+}  // namespace g3::bench
