@@ -53,6 +53,16 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A short, safe quote of a value for an error message: primitives as JSON
+// text cut to 40 characters, containers by type only (dumping a crafted,
+// deeply nested value would recurse once per level).
+std::string describe(const json& v) {
+  if (v.is_structured()) return std::string("a JSON ") + v.type_name();
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
 // Field readers: each names the file and the field when the value is wrong.
 struct Reader {
   const json& obj;
@@ -78,7 +88,7 @@ struct Reader {
       double d = v.get<double>();
       if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
     }
-    fail(f, "must be an integer, got " + v.dump());
+    fail(f, "must be an integer, got " + describe(v));
   }
   int required_int(const std::string& f) const {
     if (!has(f)) fail(f, "is missing");
@@ -101,7 +111,7 @@ struct Reader {
   }
   double number(const std::string& f) const {
     const json& v = obj.at(f);
-    if (!v.is_number()) fail(f, "must be a number, got " + v.dump());
+    if (!v.is_number()) fail(f, "must be a number, got " + describe(v));
     double d = v.get<double>();
     if (!std::isfinite(d)) fail(f, "must be finite");
     return d;
@@ -191,7 +201,8 @@ ModelConfig parse_config_json(const std::string& text, const std::string& source
     if (o->contains("model_type") && o->at("model_type").is_string()) {
       std::string mt = o->at("model_type").get<std::string>();
       if (mt != "gemma3" && mt != "gemma3_text")
-        throw InputError(source + ": model_type '" + mt + "' is not a Gemma 3 model (need gemma3 or gemma3_text)");
+        throw InputError(source + ": model_type " + describe(o->at("model_type")) +
+                         " is not a Gemma 3 model (need gemma3 or gemma3_text)");
     }
   }
   Reader r{*cfg, source, where, &m.defaulted};
@@ -267,10 +278,10 @@ ModelConfig parse_config_json(const std::string& text, const std::string& source
       r.fail("layer_types", "has " + std::to_string(lt.size()) + " entries but num_hidden_layers is " +
                                 std::to_string(m.num_layers));
     for (size_t i = 0; i < lt.size(); ++i) {
-      std::string s = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      std::string s = lt[i].is_string() ? lt[i].get<std::string>() : describe(lt[i]);
       if (s == "sliding_attention") m.layer_types.push_back(LayerKind::Local);
       else if (s == "full_attention") m.layer_types.push_back(LayerKind::Global);
-      else r.fail("layer_types", "[" + std::to_string(i) + "] is '" + s +
+      else r.fail("layer_types", "[" + std::to_string(i) + "] is '" + describe(lt[i]) +
                                      "' (need sliding_attention or full_attention)");
     }
   } else {
@@ -329,6 +340,9 @@ void validate(const ModelConfig& m, const std::string& source) {
     if (!(std::isfinite(v) && v > 0)) throw InputError(source + ": " + what + " must be a positive finite number");
   };
   positive("query_pre_attn_scalar", m.query_pre_attn_scalar);
+  // alpha = query_pre_attn_scalar^-1/2 must be a normal, finite f32.
+  if (m.query_pre_attn_scalar < 1e-6 || m.query_pre_attn_scalar > 1e12)
+    throw InputError(source + ": query_pre_attn_scalar must be in [1e-6, 1e12] (alpha = its ^-1/2 must fit f32)");
   positive("rope_theta", m.rope_global_base);
   positive("rope_local_base_freq", m.rope_local_base);
   if (!(m.rms_eps > 0 && m.rms_eps < 1)) throw InputError(source + ": rms_norm_eps must be in (0, 1)");

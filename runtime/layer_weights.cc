@@ -54,6 +54,22 @@ static const TensorView& need(const TensorSource& src, const std::string& name,
   return *t;
 }
 
+// Weights with NaN or Inf are rejected at load: the fast kernels' max and
+// clamped exp would not carry them through the softmax the way the
+// reference does, and no real checkpoint holds them. (NaN or Inf in the
+// inputs do propagate.)
+static void require_finite(const TensorSource& src, const std::string& name, const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw InputError(src.describe + ": tensor " + name + " holds a non-finite value at element " + std::to_string(i));
+}
+
+static void require_finite(const TensorSource& src, const std::string& name, const std::vector<uint16_t>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if ((v[i] & 0x7f80u) == 0x7f80u)  // bf16 exponent all ones: Inf or NaN
+      throw InputError(src.describe + ": tensor " + name + " holds a non-finite value at element " + std::to_string(i));
+}
+
 static WeightMatrix matrix(const TensorView& t) {
   WeightMatrix m;
   m.rows = t.shape[0];
@@ -81,6 +97,16 @@ LayerWeights load_layer_weights(const TensorSource& src, const LayerSpec& s) {
   w.k_norm = need(src, p + "self_attn.k_norm.weight", {H}, "[head_dim]").to_f32();
   w.input_norm = need(src, p + "input_layernorm.weight", {D}, "[hidden_size]").to_f32();
   w.post_norm = need(src, p + "post_attention_layernorm.weight", {D}, "[hidden_size]").to_f32();
+  const std::pair<const char*, const WeightMatrix*> mats[] = {
+      {"q_proj", &w.q_proj}, {"k_proj", &w.k_proj}, {"v_proj", &w.v_proj}, {"o_proj", &w.o_proj}};
+  for (const auto& [n, m] : mats) {
+    if (m->dtype == DType::BF16) require_finite(src, p + "self_attn." + n + ".weight", m->bf16);
+    else require_finite(src, p + "self_attn." + n + ".weight", m->f32);
+  }
+  require_finite(src, p + "self_attn.q_norm.weight", w.q_norm);
+  require_finite(src, p + "self_attn.k_norm.weight", w.k_norm);
+  require_finite(src, p + "input_layernorm.weight", w.input_norm);
+  require_finite(src, p + "post_attention_layernorm.weight", w.post_norm);
   return w;
 }
 

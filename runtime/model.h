@@ -144,5 +144,10 @@ struct RunResult {
 };
 
 RunResult run_model(const RunRequest& r);
+// Every check run_model makes before allocating anything: sizes, positions
+// against max_position_embeddings, and memory (KV caches and weights must
+// fit this machine's RAM). Throws InputError; cheap, so callers may run it
+// before printing anything.
+void check_run_request(const RunRequest& r);
 
 }  // namespace g3

@@ -48,6 +48,13 @@ std::string printable(const std::string& s, size_t max_len = 80) {
   return out;
 }
 
+// Quotes a header value in a message without recursing into it: a crafted
+// value nested thousands of levels deep must not overflow the stack.
+std::string quote_value(const nlohmann::json& v) {
+  if (v.is_structured()) return std::string("a JSON ") + v.type_name();
+  return printable(v.dump());
+}
+
 size_t dtype_size(TensorDType d) { return d == TensorDType::F32 ? 4 : 2; }
 
 // Dtypes named by the safetensors specification that we do not convert. They
@@ -328,7 +335,7 @@ void SafeTensorsFile::parse(const std::string& name) {
     bool too_big = false;
     for (const json& d : *sh) {
       uint64_t u;
-      if (!as_nonneg_int(d, &u)) fail(name, tname + ": \"shape\" must hold non-negative integers below 2^63, found " + printable(d.dump()));
+      if (!as_nonneg_int(d, &u)) fail(name, tname + ": \"shape\" must hold non-negative integers below 2^63, found " + quote_value(d));
       view.shape.push_back(static_cast<int64_t>(u));
       if (!too_big && u != 0 && numel > max_numel / u) too_big = true;
       if (!too_big) numel *= u;
@@ -342,7 +349,7 @@ void SafeTensorsFile::parse(const std::string& name) {
     if (!off->is_array() || off->size() != 2) fail(name, tname + ": \"data_offsets\" must be an array [begin, end]");
     uint64_t begin, end;
     if (!as_nonneg_int((*off)[0], &begin) || !as_nonneg_int((*off)[1], &end))
-      fail(name, tname + ": \"data_offsets\" must hold non-negative integers below 2^63, found " + printable(off->dump()));
+      fail(name, tname + ": \"data_offsets\" must hold non-negative integers below 2^63, found " + quote_value(*off));
     if (begin > end)
       fail(name, tname + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] has begin after end");
     if (end > data_size)

@@ -56,23 +56,26 @@ int cmd_apply(int argc, char** argv, int first) {
 
   ApplyResult res = run_apply(r);
   std::vector<int64_t> shape = {res.B, res.T, res.spec.hidden_size};
-  // Both outputs are complete before either is written; if the second write
-  // fails the first is removed, so a failure leaves nothing behind.
-  write_npy_f32(a.str("out"), res.block_out.data(), shape);
-  if (a.has("attn-out")) {
-    try {
+  // Every output is complete before the first is written; if a later write
+  // fails, the earlier files are removed, so a failure leaves nothing behind.
+  std::vector<std::string> written;
+  try {
+    write_npy_f32(a.str("out"), res.block_out.data(), shape);
+    written.push_back(a.str("out"));
+    if (a.has("attn-out")) {
       write_npy_f32(a.str("attn-out"), res.attn_out.data(), shape);
-    } catch (...) {
-      std::remove(a.str("out").c_str());
-      throw;
+      written.push_back(a.str("attn-out"));
     }
-  }
-  if (a.has("json")) {
-    nlohmann::json j = {{"layer", res.spec.index},     {"kind", to_string(res.spec.kind)},
-                        {"backend", res.backend},      {"isa", res.isa},
-                        {"batch", res.B},              {"tokens", res.T},
-                        {"out", a.str("out")}};
-    emit_json(a, j.dump(1));
+    if (a.has("json")) {
+      nlohmann::json j = {{"layer", res.spec.index}, {"kind", to_string(res.spec.kind)},
+                          {"backend", res.backend},  {"isa", res.isa},
+                          {"batch", res.B},          {"tokens", res.T},
+                          {"out", a.str("out")}};
+      emit_json(a, j.dump(1));
+    }
+  } catch (...) {
+    for (const auto& f : written) std::remove(f.c_str());
+    throw;
   }
   return 0;
 }

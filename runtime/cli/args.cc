@@ -1,6 +1,8 @@
 #include "args.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <unistd.h>
 #include <iostream>
 #include <sstream>
 
@@ -110,6 +112,16 @@ void emit_json(const Args& a, const std::string& text) {
   std::vector<uint8_t> bytes(text.begin(), text.end());
   bytes.push_back('\n');
   write_file_atomic(file, bytes);
+}
+
+void check_output_path(const std::string& file, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p(file);
+  if (fs::is_directory(p, ec)) throw InputError(flag + " " + file + ": is a directory");
+  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (!fs::is_directory(dir, ec)) throw InputError(flag + " " + file + ": directory " + dir.string() + " does not exist");
+  if (access(dir.c_str(), W_OK) != 0) throw InputError(flag + " " + file + ": directory " + dir.string() + " is not writable");
 }
 
 std::string format_table(const std::vector<std::vector<std::string>>& rows) {

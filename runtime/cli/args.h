@@ -43,6 +43,9 @@ std::vector<Option> common_kernel_options();
 // Writes JSON text: to stdout when `--json` was given alone, to FILE
 // atomically when `--json FILE`.
 void emit_json(const Args& a, const std::string& text);
+// Checks before any work that FILE can be written: not a directory, and
+// its directory exists. Throws InputError naming the flag.
+void check_output_path(const std::string& file, const std::string& flag);
 // Pads columns of a table to equal width; first row is the header.
 std::string format_table(const std::vector<std::vector<std::string>>& rows);
 std::string fmt_double(double v, int precision = 6);

@@ -100,6 +100,10 @@ int cmd_run(int argc, char** argv, int first) {
     last_pct = pct;
   };
 
+  // Validate everything, the --json path included, before printing or
+  // computing: a rejection is one line on stderr.
+  check_run_request(r);
+  if (a.has("json") && !a.str("json").empty()) check_output_path(a.str("json"), "--json");
   std::cerr << "g3attn run: model " << r.config.name << ", attention stack only (the MLPs are not part of it), "
             << r.batch << " x (" << r.prompt << " prompt + " << r.decode << " decode) tokens\n";
   RunResult res = run_model(r);
