@@ -1,5 +1,8 @@
 #include "test_support.h"
 
+#include "apply.h"
+#include "npy.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,6 +114,38 @@ double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
   }
   if (bad) *bad = nbad;
   return mx;
+}
+
+GoldenCheck check_golden_case(const std::string& name, const std::string& backend, const std::string& isa) {
+  std::string d = golden_dir() + "/" + name;
+  g3::ApplyRequest r;
+  r.config = d + "/config.json";
+  r.weights = d + "/weights.safetensors";
+  r.input = d + "/x.npy";
+  r.positions = d + "/positions.npy";
+  if (file_exists(d + "/attention_mask.npy")) r.attention_mask = d + "/attention_mask.npy";
+  r.backend = backend;
+  r.isa = isa;
+  g3::ApplyResult res = g3::run_apply(r);
+  g3::NpyArray want_attn = g3::read_npy_f32(d + "/attn_out.npy");
+  g3::NpyArray want_block = g3::read_npy_f32(d + "/block_out.npy");
+  g3::NpyArray pos = g3::read_npy_i32(r.positions);
+  int32_t mx = 0;
+  for (int32_t p : pos.i32) mx = std::max(mx, p);
+  const double f = mx >= 100000 ? 10.0 : 1.0;
+  const int64_t rows = res.B * res.T, D = res.spec.hidden_size;
+  if (want_attn.size() != rows * D || want_block.size() != rows * D)
+    throw std::runtime_error(name + ": golden outputs do not match the input's shape");
+  GoldenCheck g;
+  g.backend = res.backend;
+  g.isa = res.isa;
+  g.attn_max = max_abs_diff(res.attn_out.data(), want_attn.f32.data(), rows, D, res.real_row, 1e-4 * f, 1e-4 * f,
+                            &g.bad_attn);
+  g.block_max = max_abs_diff(res.block_out.data(), want_block.f32.data(), rows, D, res.real_row, 5e-4 * f, 1e-4 * f,
+                             &g.bad_block);
+  std::printf("golden %-36s %-9s %-7s attn_out max|diff| %.3g  block_out max|diff| %.3g\n", name.c_str(),
+              g.backend.c_str(), g.isa.c_str(), g.attn_max, g.block_max);
+  return g;
 }
 
 }  // namespace g3test

@@ -45,4 +45,15 @@ int count_entries(const std::string& dir);
 double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
                     const std::vector<bool>& row_ok, double atol, double rtol, int64_t* bad);
 
+// One golden case through run_apply (the `g3attn apply` code path) on a
+// backend and ISA ("" = $G3ATTN_ISA or best), compared on valid rows with
+// the golden README's tolerances (10x looser at positions >= 100000).
+// Prints one line with the max differences.
+struct GoldenCheck {
+  std::string backend, isa;  // what actually ran
+  double attn_max = 0, block_max = 0;
+  int64_t bad_attn = 0, bad_block = 0;
+};
+GoldenCheck check_golden_case(const std::string& name, const std::string& backend, const std::string& isa);
+
 }  // namespace g3test

@@ -230,37 +230,13 @@ TEST_CASE("xbyak availability follows the ISA cap and the key", "[xbyak]") {
 
 namespace {
 
-// As tests/test_golden.cc: valid rows, the README's tolerances.
 void check_golden(const std::string& name, const std::string& isa) {
-  std::string d = g3test::golden_dir() + "/" + name;
-  g3::ApplyRequest r;
-  r.config = d + "/config.json";
-  r.weights = d + "/weights.safetensors";
-  r.input = d + "/x.npy";
-  r.positions = d + "/positions.npy";
-  if (g3test::file_exists(d + "/attention_mask.npy")) r.attention_mask = d + "/attention_mask.npy";
-  r.backend = "xbyak";
-  r.isa = isa;
-  g3::ApplyResult res = g3::run_apply(r);
-  g3::NpyArray want_attn = g3::read_npy_f32(d + "/attn_out.npy");
-  g3::NpyArray want_block = g3::read_npy_f32(d + "/block_out.npy");
-  g3::NpyArray pos = g3::read_npy_i32(r.positions);
-  int32_t mx = 0;
-  for (int32_t p : pos.i32) mx = std::max(mx, p);
-  const double f = mx >= 100000 ? 10.0 : 1.0;
-  const int64_t rows = res.B * res.T, D = res.spec.hidden_size;
-  REQUIRE(want_attn.size() == rows * D);
-  int64_t bad_a = 0, bad_b = 0;
-  double da = g3test::max_abs_diff(res.attn_out.data(), want_attn.f32.data(), rows, D, res.real_row, 1e-4 * f,
-                                   1e-4 * f, &bad_a);
-  double db = g3test::max_abs_diff(res.block_out.data(), want_block.f32.data(), rows, D, res.real_row, 5e-4 * f,
-                                   1e-4 * f, &bad_b);
-  std::printf("golden %-36s xbyak %-7s (%s) attn_out max|diff| %.3g  block_out max|diff| %.3g\n", name.c_str(),
-              isa.c_str(), res.isa.c_str(), da, db);
-  INFO(name << " isa " << isa << ": attn max diff " << da << ", block max diff " << db);
-  CHECK(res.backend == "xbyak");
-  CHECK(bad_a == 0);
-  CHECK(bad_b == 0);
+  g3test::GoldenCheck g = g3test::check_golden_case(name, "xbyak", isa);
+  INFO(name << " " << g.backend << " " << g.isa << ": attn max diff " << g.attn_max << ", block max diff "
+            << g.block_max);
+  CHECK(g.backend == "xbyak");
+  CHECK(g.bad_attn == 0);
+  CHECK(g.bad_block == 0);
 }
 
 }  // namespace

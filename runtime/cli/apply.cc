@@ -36,7 +36,7 @@ int cmd_apply(int argc, char** argv, int first) {
                  "keys = this call's tokens: query t sees key s iff s <= t, s is real, and on local\n"
                  "layers qpos - kpos < window. Rows of padding (mask 0) are don't-care.\n"
                  "Outputs are written atomically; on bad input nothing is written.\n"
-                 "NaN or Inf in the inputs or weights propagate to the outputs.\n\n"
+                 "NaN or Inf in the inputs propagate to the outputs; weights with NaN or Inf are refused.\n\n"
               << a.usage();
     return 0;
   }
