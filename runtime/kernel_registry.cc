@@ -128,16 +128,26 @@ std::string aot_backend() {
 #endif
 }
 
-// The auto rule, from `g3attn bench` on Zen 4 (AVX-512, AVX512_BF16): the
-// Xbyak core is the fastest or tied on every prefill and decode row (1.5-2x
-// on bf16 KV with vdpbf16ps), then Highway AOT, then LLVM. So: xbyak for the
-// attention core where this host and the ISA cap allow it (AVX2+FMA or
-// AVX-512, head_dim a multiple of the vector width), Highway otherwise (the
-// reason is shown), and Highway for the stages Xbyak does not provide.
+// The auto rule, from `g3attn bench` on Zen 4 with both cores (4B shape,
+// 512 new tokens; see README "Performance"): with f32 KV the Highway AOT
+// core is the fastest or tied on prefill (185 vs 166 GFLOP/s for Xbyak and
+// LLVM at 4096 positions) and decode (22 vs 19 GB/s at 32768); with bf16 KV
+// the Xbyak core using vdpbf16ps is 1.8x faster on prefill (340 vs 190
+// GFLOP/s) and level on decode. So: xbyak for bf16 KV where the ISA cap
+// allows AVX-512 and the CPU has AVX512_BF16, highway otherwise; stages
+// Xbyak does not provide run on Highway.
+bool host_has_avx512bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
 std::string auto_backend(const KernelKey& key, const std::string& isa, std::string* why) {
+  if (key.kv_dtype != DType::BF16) return aot_backend();
   std::string reason;
-  if (jit_available("xbyak", key, isa, &reason)) return "xbyak";
-  *why = "auto: xbyak unavailable (" + reason + "), using " + aot_backend();
+  if (isa != "avx3" && isa != "avx3_dl") reason = "ISA cap " + isa + " is below avx3";
+  else if (!host_has_avx512bf16()) reason = "this CPU lacks AVX512_BF16";
+  else if (jit_available("xbyak", key, isa, &reason)) return "xbyak";
+  *why = "auto: xbyak's vdpbf16ps core unavailable (" + reason + "), using " + aot_backend();
   return aot_backend();
 }
 

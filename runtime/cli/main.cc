@@ -21,11 +21,11 @@ Commands:
 
 Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), auto (default).
-  auto picks, per kernel key, the fastest backend measured here that this host and
-  build support: xbyak for the attention core where the ISA cap and CPU allow AVX2+FMA
-  or AVX-512 (and head_dim fits its vectors), else highway; stages xbyak does not
-  provide (QK-norm/RoPE, projections, norms) run on highway. An unavailable llvm or
-  xbyak request falls back to highway and `plan` shows why.
+  auto picks, per kernel key, the backend `g3attn bench` measured fastest here: highway
+  for f32 KV; xbyak (its vdpbf16ps core) for bf16 KV where the ISA cap is avx3/avx3_dl
+  and the CPU has AVX512_BF16, else highway. Stages xbyak does not provide
+  (QK-norm/RoPE, projections, norms) run on highway. An unavailable llvm or xbyak
+  request falls back to highway and `plan` shows why.
 ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
   avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
 
