@@ -21,33 +21,8 @@ using namespace g3;
 
 namespace {
 
-ModelConfig tiny(std::vector<LayerKind> kinds, int W = 4) {
-  ModelConfig m;
-  m.name = "tiny";
-  m.hidden_size = 64;
-  m.num_layers = int(kinds.size());
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  m.head_dim = 16;
-  m.sliding_window = W;
-  m.query_pre_attn_scalar = 16;
-  m.rope_global_scale = 8;
-  m.layer_types = kinds;
-  m.max_position_embeddings = 1 << 20;
-  return m;
-}
 
-WeightSource random_weights(uint64_t seed) {
-  return [seed](const LayerSpec& s) { return random_layer_weights(s, seed, DType::BF16); };
-}
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
 
 // The official stack: every layer has a full-length ref::Cache of S slots; a
 // call's T tokens (padding too) go to slots end_index.. and the caller mask
@@ -127,7 +102,7 @@ struct Layout {
 double compare(const ModelConfig& cfg, const Layout& lay, int64_t chunk, int64_t decode, const std::string& backend,
                const std::string& isa, DType kv, uint64_t seed, int threads = 2, int64_t* wraps = nullptr) {
   const int64_t B = lay.B, T = lay.Lpad, D = cfg.hidden_size;
-  std::vector<float> x = randn(size_t(B * (T + decode) * D), seed + 1);
+  std::vector<float> x = g3test::randn(size_t(B * (T + decode) * D), seed + 1);
   std::vector<int32_t> pos(size_t(B * T));
   std::vector<uint8_t> real(size_t(B * T));
   for (int64_t b = 0; b < B; ++b) {
@@ -140,7 +115,7 @@ double compare(const ModelConfig& cfg, const Layout& lay, int64_t chunk, int64_t
       pos[size_t(b * T + t)] = int32_t(r ? i : (i < 0 ? 0 : L - 1));
     }
   }
-  WeightSource ws = random_weights(seed);
+  WeightSource ws = g3test::random_weights(seed);
   ModelOptions o;
   o.backend = backend;
   o.isa = isa;
@@ -189,7 +164,7 @@ TEST_CASE("ring caches equal the official full-length layout through chunked pre
     const std::string isa = backend == "reference" ? "scalar" : "best";
     for (const auto& kinds : stacks)
       for (int64_t chunk : {5, 7, 13}) {
-        ModelConfig cfg = tiny(kinds, 4);
+        ModelConfig cfg = g3test::tiny_model(kinds, 4);
         Layout lay;
         lay.B = 2;
         lay.lengths = {37, 37};
@@ -209,7 +184,7 @@ TEST_CASE("ring caches equal the official full-length layout through chunked pre
 TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[kv][decode]") {
   // 600 prompt positions: the global layer's decode scans more than one KV
   // chunk (512 slots), so the lse merge runs.
-  ModelConfig cfg = tiny({LayerKind::Global, LayerKind::Local}, 8);
+  ModelConfig cfg = g3test::tiny_model({LayerKind::Global, LayerKind::Local}, 8);
   Layout lay;
   lay.lengths = {600};
   lay.Lpad = 600;
@@ -230,7 +205,7 @@ TEST_CASE("right-padded batch with position gaps matches the official sampler la
   lay.Lpad = 12;
   for (const auto& backend : {std::string("reference"), std::string("auto")}) {
     const std::string isa = backend == "reference" ? "scalar" : "best";
-    double d = compare(tiny({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4), lay, 5, 10, backend, isa,
+    double d = compare(g3test::tiny_model({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4), lay, 5, 10, backend, isa,
                        DType::F32, 21);
     INFO(backend << " max diff " << d);
     CHECK(d <= 2e-4);
@@ -243,7 +218,7 @@ TEST_CASE("left-padded batch matches the official layout on rows that see a key"
   lay.lengths = {9, 5, 7};
   lay.Lpad = 9;
   lay.left = true;
-  double d = compare(tiny({LayerKind::Local, LayerKind::Global}, 3), lay, 4, 7, "reference", "scalar", DType::F32, 31);
+  double d = compare(g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 3), lay, 4, 7, "reference", "scalar", DType::F32, 31);
   INFO("max diff " << d);
   CHECK(d <= 2e-4);
 }
@@ -252,14 +227,14 @@ TEST_CASE("bf16 KV caches stay close to the f32 official layout", "[kv][bf16]") 
   Layout lay;
   lay.lengths = {40};
   lay.Lpad = 40;
-  double d = compare(tiny({LayerKind::Local, LayerKind::Global}, 4), lay, 6, 12, "reference", "scalar", DType::BF16, 41);
+  double d = compare(g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 4), lay, 6, 12, "reference", "scalar", DType::BF16, 41);
   INFO("max diff " << d);
   CHECK(d <= 5e-2);
   CHECK(d > 0);  // bf16 rounding is visible: the cache really is bf16
 }
 
 TEST_CASE("LayerKvCache assigns ring slots in arrival order and rejects bad positions", "[kv][unit]") {
-  ModelConfig cfg = tiny({LayerKind::Local, LayerKind::Global}, 4);
+  ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 4);
   LayerKvCache local(layer_spec(cfg, 0), DType::F32, 2, 100, 3);
   LayerKvCache global(layer_spec(cfg, 1), DType::BF16, 1, 10, 3);
   CHECK(local.capacity() == 6);  // W + C - 1

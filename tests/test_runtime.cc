@@ -18,36 +18,11 @@ using namespace g3;
 
 namespace {
 
-ModelConfig tiny(std::vector<LayerKind> kinds, int W = 4) {
-  ModelConfig m;
-  m.name = "tiny";
-  m.hidden_size = 64;
-  m.num_layers = int(kinds.size());
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  m.head_dim = 16;
-  m.sliding_window = W;
-  m.query_pre_attn_scalar = 16;
-  m.rope_global_scale = 8;
-  m.layer_types = kinds;
-  m.max_position_embeddings = 1 << 20;
-  return m;
-}
 
 const std::vector<LayerKind> kSix = {LayerKind::Local, LayerKind::Local, LayerKind::Local,
                                      LayerKind::Local, LayerKind::Local, LayerKind::Global};
 
-WeightSource random_weights(uint64_t seed) {
-  return [seed](const LayerSpec& s) { return random_layer_weights(s, seed, DType::BF16); };
-}
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
 
 double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
@@ -115,11 +90,11 @@ TEST_CASE("the thread pool runs every item once, nests inline and rethrows", "[r
 
 TEST_CASE("decode one token at a time equals one-shot prefill", "[runtime][decode]") {
   for (const auto& backend : {std::string("reference"), std::string("auto")}) {
-    ModelConfig cfg = tiny(kSix, 4);
+    ModelConfig cfg = g3test::tiny_model(kSix, 4);
     const int64_t L = 30, D = cfg.hidden_size;
-    std::vector<float> x = randn(size_t(L * D), 3);
-    Model one(cfg, random_weights(7), opts(backend, 1, L, L, 2));
-    Model dec(cfg, random_weights(7), opts(backend, 1, L, 4, 2));
+    std::vector<float> x = g3test::randn(size_t(L * D), 3);
+    Model one(cfg, g3test::random_weights(7), opts(backend, 1, L, L, 2));
+    Model dec(cfg, g3test::random_weights(7), opts(backend, 1, L, 4, 2));
     auto a = run(one, x, L, 0);
     auto b = run(dec, x, 9, L - 9);
     INFO(backend << " max diff " << max_abs(a, b));
@@ -131,12 +106,12 @@ TEST_CASE("results do not depend on the thread count", "[runtime][threads]") {
   // Work is split by shape, never by thread count, so results are
   // bit-identical; the 600-token prompt makes the decode KV split run too.
   for (const auto& backend : {std::string("reference"), std::string("auto")}) {
-    ModelConfig cfg = tiny({LayerKind::Local, LayerKind::Global}, 8);
+    ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 8);
     const int64_t B = 2, prompt = 600, decode = 3, D = cfg.hidden_size;
-    std::vector<float> x = randn(size_t(B * (prompt + decode) * D), 9);
+    std::vector<float> x = g3test::randn(size_t(B * (prompt + decode) * D), 9);
     std::vector<std::vector<float>> outs;
     for (int threads : {1, 2, 3}) {
-      Model m(cfg, random_weights(4), opts(backend, B, prompt + decode, 128, threads));
+      Model m(cfg, g3test::random_weights(4), opts(backend, B, prompt + decode, 128, threads));
       outs.push_back(run(m, x, prompt, decode));
     }
     INFO(backend);
@@ -147,10 +122,10 @@ TEST_CASE("results do not depend on the thread count", "[runtime][threads]") {
 
 TEST_CASE("batch rows are independent: changing one row leaves the others bit-identical", "[runtime][batch]") {
   for (const auto& backend : {std::string("reference"), std::string("auto")}) {
-    ModelConfig cfg = tiny(kSix, 4);
+    ModelConfig cfg = g3test::tiny_model(kSix, 4);
     const int64_t B = 3, prompt = 21, decode = 5, L = prompt + decode, D = cfg.hidden_size;
-    std::vector<float> x = randn(size_t(B * L * D), 12);
-    Model m(cfg, random_weights(8), opts(backend, B, L, 8, 2));
+    std::vector<float> x = g3test::randn(size_t(B * L * D), 12);
+    Model m(cfg, g3test::random_weights(8), opts(backend, B, L, 8, 2));
     auto a = run(m, x, prompt, decode);
     for (int64_t i = L * D; i < 2 * L * D; ++i) x[size_t(i)] = -2.f * x[size_t(i)] + 0.5f;  // row 1 only
     m.reset();
@@ -162,7 +137,7 @@ TEST_CASE("batch rows are independent: changing one row leaves the others bit-id
     CHECK(!std::equal(a.begin() + L * D, a.begin() + 2 * L * D, b.begin() + L * D));
     // A row run alone gives the same result as inside the batch, up to f32
     // rounding (a GEMM may tile a lone row differently from a batch's rows).
-    Model solo(cfg, random_weights(8), opts(backend, 1, L, 8, 2));
+    Model solo(cfg, g3test::random_weights(8), opts(backend, 1, L, 8, 2));
     std::vector<float> x2(x.begin() + 2 * L * D, x.begin() + 3 * L * D);
     auto c = run(solo, x2, prompt, decode);
     CHECK(max_abs(c, std::vector<float>(b.begin() + 2 * L * D, b.begin() + 3 * L * D)) <= 1e-5);
@@ -170,9 +145,9 @@ TEST_CASE("batch rows are independent: changing one row leaves the others bit-id
 }
 
 TEST_CASE("the parallel reference stack equals ref::block with the official cache", "[runtime][reference]") {
-  ModelConfig cfg = tiny({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4);
+  ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4);
   const int64_t B = 2, T = 11, decode = 4, S = T + decode, D = cfg.hidden_size;
-  WeightSource ws = random_weights(2);
+  WeightSource ws = g3test::random_weights(2);
   ThreadPool pool(2);
   ReferenceStack rs(cfg, ws, B, S, pool);
   std::vector<LayerSpec> specs = layer_specs(cfg);
@@ -182,7 +157,7 @@ TEST_CASE("the parallel reference stack equals ref::block with the official cach
     w.push_back(ws(s));
     caches.push_back(ref::Cache::zeros(B, S, cfg.num_kv_heads, cfg.head_dim));
   }
-  std::vector<float> x = randn(size_t(B * T * D), 5);
+  std::vector<float> x = g3test::randn(size_t(B * T * D), 5);
   std::vector<int32_t> pos(size_t(B * T));
   std::vector<uint8_t> real(size_t(B * T), 1);
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = pos[size_t(T + t)] = int32_t(t);
@@ -210,7 +185,7 @@ TEST_CASE("the parallel reference stack equals ref::block with the official cach
   official(x.data(), pos.data(), real.data(), T, 0, want.data());
   CHECK(max_abs(got, want) <= 1e-6);
   for (int64_t k = 0; k < decode; ++k) {
-    std::vector<float> xd = randn(size_t(B * D), 100 + k), g1(xd.size()), w1(xd.size());
+    std::vector<float> xd = g3test::randn(size_t(B * D), 100 + k), g1(xd.size()), w1(xd.size());
     std::vector<int32_t> pd = {int32_t(T + k), int32_t(8 + k)};
     rs.forward(xd.data(), pd.data(), nullptr, 1, g1.data());
     official(xd.data(), pd.data(), nullptr, 1, T + k, w1.data());
@@ -257,15 +232,15 @@ TEST_CASE("every backend of this build runs the stack like the reference stack",
   // Gemma-like head geometry (dh 256, G 4 and G 2) at a small width, so JITs
   // that specialise only real head sizes are exercised too.
   for (int kv_heads : {1, 2}) {
-    ModelConfig cfg = tiny(kSix, 8);
+    ModelConfig cfg = g3test::tiny_model(kSix, 8);
     cfg.head_dim = 256;
     cfg.num_kv_heads = kv_heads;
     cfg.query_pre_attn_scalar = 256;
     const int64_t B = 2, prompt = 23, decode = 4, L = prompt + decode, D = cfg.hidden_size;
-    std::vector<float> x = randn(size_t(B * L * D), 17);
+    std::vector<float> x = g3test::randn(size_t(B * L * D), 17);
     // The official layout in double (ReferenceStack), one-shot prefill.
     ThreadPool pool(2);
-    ReferenceStack rs(cfg, random_weights(6), B, L, pool);
+    ReferenceStack rs(cfg, g3test::random_weights(6), B, L, pool);
     std::vector<float> want(size_t(B * L * D));
     {
       std::vector<float> xp(size_t(B * prompt * D)), yp(xp.size());
@@ -287,7 +262,7 @@ TEST_CASE("every backend of this build runs the stack like the reference stack",
     for (const char* backend : {"reference", "highway", "llvm", "xbyak", "auto"}) {
       std::unique_ptr<Model> m;
       try {
-        m = std::make_unique<Model>(cfg, random_weights(6), opts(backend, B, L, 7, 2));
+        m = std::make_unique<Model>(cfg, g3test::random_weights(6), opts(backend, B, L, 7, 2));
       } catch (const InputError& e) {
         WARN("backend " << backend << " skipped: " << e.what());
         continue;

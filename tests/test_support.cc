@@ -116,6 +116,34 @@ double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
   return mx;
 }
 
+g3::ModelConfig tiny_model(std::vector<g3::LayerKind> kinds, int window) {
+  g3::ModelConfig m;
+  m.name = "tiny";
+  m.hidden_size = 64;
+  m.num_layers = int(kinds.size());
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.head_dim = 16;
+  m.sliding_window = window;
+  m.query_pre_attn_scalar = 16;
+  m.rope_global_scale = 8;
+  m.layer_types = kinds;
+  m.max_position_embeddings = 1 << 20;
+  return m;
+}
+
+g3::WeightSource random_weights(uint64_t seed) {
+  return [seed](const g3::LayerSpec& s) { return g3::random_layer_weights(s, seed, g3::DType::BF16); };
+}
+
+std::vector<float> randn(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return v;
+}
+
 GoldenCheck check_golden_case(const std::string& name, const std::string& backend, const std::string& isa) {
   std::string d = golden_dir() + "/" + name;
   g3::ApplyRequest r;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "model.h"
+
 namespace g3test {
 
 std::string golden_dir();   // ../shared/golden, read in place
@@ -44,6 +46,14 @@ int count_entries(const std::string& dir);
 // checked rows and the number of violations through `bad`.
 double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
                     const std::vector<bool>& row_ok, double atol, double rtol, int64_t* bad);
+
+// The small geometry of the runtime suites: D64, N4, Nkv2, dh16, window W,
+// global rope scale 8, one layer per entry of `kinds`.
+g3::ModelConfig tiny_model(std::vector<g3::LayerKind> kinds, int window = 4);
+// Checkpoint-like random bf16 weights from a seed (random_layer_weights).
+g3::WeightSource random_weights(uint64_t seed);
+// n samples of N(0, 1) from a seed.
+std::vector<float> randn(size_t n, uint64_t seed);
 
 // One golden case through run_apply (the `g3attn apply` code path) on a
 // backend and ISA ("" = $G3ATTN_ISA or best), compared on valid rows with
