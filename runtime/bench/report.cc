@@ -11,6 +11,7 @@
 
 #include "errors.h"
 #include "isa.h"
+#include "text_table.h"
 
 namespace g3::bench {
 
@@ -32,28 +33,6 @@ std::string num(double v) {
 std::string opt_num(const std::optional<double>& v) { return v ? num(*v) : "-"; }
 std::string ctx(const std::optional<int64_t>& c) { return c ? std::to_string(*c) : "-"; }
 
-std::string pad_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
-  std::vector<size_t> w;
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], r[i].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      std::string cell = r[i];
-      const size_t fill = w[i] - cell.size();
-      if (i < right.size() && right[i]) cell = std::string(fill, ' ') + cell;
-      else if (i + 1 < r.size()) cell += std::string(fill, ' ');
-      line += cell;
-      if (i + 1 < r.size()) line += "  ";
-    }
-    out += line + "\n";
-  }
-  return out;
-}
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -152,7 +131,7 @@ std::string table_text(const Result& r) {
                  ctx(x.context), num(x.ms_median), num(x.ms_min), num(x.gflops), opt_num(x.gbs), num(x.pct_peak),
                  opt_num(x.vs_reference), opt_num(x.vs_best), std::to_string(x.runs)});
   if (r.rows.empty()) o << "(no rows)\n";
-  else o << pad_table(t, right);
+  else o << format_table(t, right);
   // The rule, wrapped at 100 columns for a terminal.
   {
     std::istringstream words(flop_rule());
@@ -261,7 +240,7 @@ std::string compare_text(const Comparison& c) {
                    std::to_string(x.new_tokens), ctx(x.context), num(l.old_ms), num(x.ms_median), num(l.ratio),
                    l.regression ? "REGRESSION" : ""});
     }
-    o << pad_table(t, right);
+    o << format_table(t, right);
   }
   for (const Row& r : c.only_old) o << "only in " << c.file << ": " << row_label(r) << "\n";
   for (const Row& r : c.only_new) o << "only in this run: " << row_label(r) << "\n";

@@ -124,26 +124,6 @@ void check_output_path(const std::string& file, const std::string& flag) {
   if (access(dir.c_str(), W_OK) != 0) throw InputError(flag + " " + file + ": directory " + dir.string() + " is not writable");
 }
 
-std::string format_table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> w;
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], r[i].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      std::string cell = r[i];
-      if (i + 1 < r.size()) cell.resize(w[i] + 2, ' ');
-      line += cell;
-    }
-    out += line + "\n";
-  }
-  return out;
-}
-
 std::string fmt_double(double v, int precision) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", precision, v);

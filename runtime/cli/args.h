@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "text_table.h"
+
 namespace g3::cli {
 
 enum class Arity { Switch, Value, OptionalValue };
@@ -46,8 +48,6 @@ void emit_json(const Args& a, const std::string& text);
 // Checks before any work that FILE can be written: not a directory, and
 // its directory exists. Throws InputError naming the flag.
 void check_output_path(const std::string& file, const std::string& flag);
-// Pads columns of a table to equal width; first row is the header.
-std::string format_table(const std::vector<std::vector<std::string>>& rows);
 std::string fmt_double(double v, int precision = 6);
 
 }  // namespace g3::cli
