@@ -47,12 +47,13 @@ void check_schema(const json& j) {
   REQUIRE(!j["rows"].empty());
   std::set<std::string> phases;
   for (const json& r : j["rows"]) {
-    for (const char* k : {"backend", "isa", "model", "kind", "phase", "kv_dtype", "weight_dtype", "batch",
+    for (const char* k : {"backend", "route", "isa", "model", "kind", "phase", "kv_dtype", "weight_dtype", "batch",
                           "new_tokens", "context", "ms_median", "ms_min", "gflops", "gbs", "pct_peak",
                           "vs_reference", "vs_best"})
       REQUIRE(r.contains(k));
     INFO(r.dump());
     CHECK(r["backend"] == "reference");
+    CHECK(r["route"] == "reference");
     CHECK(r["isa"] == "scalar");
     CHECK(r["model"] == "1b");
     CHECK(r["batch"] == 1);
@@ -187,6 +188,8 @@ TEST_CASE("bench skips ISAs and backends it cannot run with a note, never an err
   json j = json::parse(r.out);
   REQUIRE(!j["rows"].empty());
   for (const json& row : j["rows"]) {
+    CHECK(row["backend"] != "auto");  // "all" is the four backends; auto is asked for by name
+    CHECK(row["route"] == row["backend"]);
     CHECK(positive_number(row["ms_median"]));
     CHECK(positive_number(row["vs_best"]));
     CHECK(row["vs_best"].get<double>() <= 1.0 + 1e-9);
@@ -199,6 +202,51 @@ TEST_CASE("bench skips ISAs and backends it cannot run with a note, never an err
     INFO(isa);
     CHECK((row || note));
   }
+}
+
+TEST_CASE("bench --backend auto measures the route users get and names it per row", "[bench][auto]") {
+  // f32 KV: README's auto rule takes highway (the reference kernels when
+  // Highway is not built), on every ISA asked for.
+#ifdef G3_HIGHWAY_AVAILABLE
+  const std::string route = "highway";
+#else
+  const std::string route = "reference";
+#endif
+  g3test::TempDir dir;
+  const std::string csv = dir.file("rows.csv");
+  g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "16",
+                                            "--repeat", "1", "--isa", "scalar", "--phase", "decode", "--threads",
+                                            "2", "--backend", "auto,reference", "--json", "--csv", csv});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json j = json::parse(r.out);
+  int auto_rows = 0;
+  for (const json& row : j["rows"]) {
+    INFO(row.dump());
+    if (row["backend"] == "auto") {
+      ++auto_rows;
+      CHECK(row["route"] == route);
+      CHECK(row["isa"] == "scalar");
+      CHECK(row["stages"]["core"] == route);
+      CHECK(positive_number(row["ms_median"]));
+    } else {
+      CHECK(row["backend"] == "reference");
+      CHECK(row["route"] == "reference");
+    }
+  }
+  CHECK(auto_rows == 2);  // local and global
+  // The table and the CSV show the route in the backend column.
+  const std::string label = "auto(" + route + ")";
+  CHECK(g3test::read_text(csv).find("\n" + label + ",scalar,1b,") != std::string::npos);
+  g3test::CmdResult t = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--repeat", "1", "--isa",
+                                            "scalar", "--phase", "decode", "--threads", "2", "--backend", "auto"});
+  INFO(t.err);
+  REQUIRE(t.exit_code == 0);
+  CHECK(t.out.find(label + " ") != std::string::npos);
+  // --help documents it.
+  g3test::CmdResult h = g3test::run_g3attn({"bench", "--help"});
+  CHECK(h.exit_code == 0);
+  CHECK(h.out.find("auto(highway)") != std::string::npos);
 }
 
 TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {

@@ -54,6 +54,8 @@ std::string Row::shape_id() const {
   return model + "|" + kind + "|" + phase + "|" + kv_dtype + "|" + weight_dtype + "|" + std::to_string(batch) + "|" +
          std::to_string(new_tokens) + "|" + ctx_str(context);
 }
+std::string Row::label() const { return backend == "auto" ? "auto(" + route + ")" : backend; }
+
 std::string Row::match_id() const { return backend + "|" + isa + "|" + shape_id(); }
 
 namespace {
@@ -770,7 +772,8 @@ Result run_bench(Options o) {
       c.ok = true;
       // A registry fallback (an unavailable JIT served by Highway) would
       // measure another backend under this one's name: skip it instead.
-      if (c.choice.backend != backend) {
+      // Auto has no name of its own to keep: its rows name their route.
+      if (backend != "auto" && c.choice.backend != backend) {
         notes.add("backend " + backend + " on " + isa + " skipped: " +
                   (c.choice.fallback.empty() ? "the registry chose " + c.choice.backend : c.choice.fallback));
         c.ok = false;
@@ -922,6 +925,7 @@ Result run_bench(Options o) {
         done_rows.insert(row_key);
         Row row;
         row.backend = backend;
+        row.route = c.choice.backend;
         row.isa = c.isa;
         row.model = sh.model;
         row.kind = sh.kind;
@@ -949,7 +953,7 @@ Result run_bench(Options o) {
         if (!c.choice.fallback.empty()) notes.add("backend " + backend + ": " + c.choice.fallback);
         if (o.progress) {
           std::fprintf(stderr, "[%zu/%zu] %s %s %s %s %s ctx %s new %lld: %.3f ms\n", attempt, total,
-                       backend.c_str(), c.isa.c_str(), sh.model.c_str(), sh.kind.c_str(), sh.phase.c_str(),
+                       row.label().c_str(), c.isa.c_str(), sh.model.c_str(), sh.kind.c_str(), sh.phase.c_str(),
                        ctx_str(row.context).c_str(), (long long)sh.T, row.ms_median);
           std::fflush(stderr);
         }

@@ -49,6 +49,13 @@ struct Options {
 
 struct Row {
   std::string backend, isa, model, kind, phase, kv_dtype, weight_dtype;
+  // The backend that ran the attention core: equal to `backend`, except for
+  // backend "auto", whose route is the backend the auto rule chose for this
+  // row's kernel key and ISA.
+  std::string route;
+  // `backend`, or "auto(<route>)" for auto rows: the name tables, CSV and
+  // charts show.
+  std::string label() const;
   int batch = 1;
   int64_t new_tokens = 0;
   std::optional<int64_t> context;  // empty for projections (no keys)

@@ -54,6 +54,7 @@ nlohmann::json opt_json(const std::optional<double>& v) { return v ? nlohmann::j
 nlohmann::json row_json(const Row& r) {
   nlohmann::json j;
   j["backend"] = r.backend;
+  j["route"] = r.route;
   j["isa"] = r.isa;
   j["model"] = r.model;
   j["kind"] = r.kind;
@@ -79,14 +80,14 @@ nlohmann::json row_json(const Row& r) {
 }
 
 nlohmann::json id_json(const Row& r) {
-  return {{"backend", r.backend}, {"isa", r.isa}, {"model", r.model}, {"kind", r.kind},
+  return {{"backend", r.backend}, {"route", r.route}, {"isa", r.isa}, {"model", r.model}, {"kind", r.kind},
           {"phase", r.phase}, {"kv_dtype", r.kv_dtype}, {"weight_dtype", r.weight_dtype}, {"batch", r.batch},
           {"new_tokens", r.new_tokens},
           {"context", r.context ? nlohmann::json(*r.context) : nlohmann::json(nullptr)}};
 }
 
 std::string row_label(const Row& r) {
-  return r.backend + " " + r.isa + " " + r.model + " " + r.kind + " " + r.phase + " kv " + r.kv_dtype + " w " +
+  return r.label() + " " + r.isa + " " + r.model + " " + r.kind + " " + r.phase + " kv " + r.kv_dtype + " w " +
          r.weight_dtype + " batch " + std::to_string(r.batch) + " new " + std::to_string(r.new_tokens) + " ctx " +
          ctx(r.context);
 }
@@ -127,7 +128,7 @@ std::string table_text(const Result& r) {
   std::vector<bool> right = {false, false, false, false, false, false, false, true, true,
                              true,  true,  true,  true,  true,  true,  true,  true};
   for (const Row& x : r.rows)
-    t.push_back({x.backend, x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, std::to_string(x.new_tokens),
+    t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, std::to_string(x.new_tokens),
                  ctx(x.context), num(x.ms_median), num(x.ms_min), num(x.gflops), opt_num(x.gbs), num(x.pct_peak),
                  opt_num(x.vs_reference), opt_num(x.vs_best), std::to_string(x.runs)});
   if (r.rows.empty()) o << "(no rows)\n";
@@ -176,6 +177,8 @@ std::vector<Row> load_rows(const std::string& path) {
     try {
       Row r;
       r.backend = x.at("backend").get<std::string>();
+      // Files written before auto rows existed have no route.
+      r.route = x.contains("route") ? x.at("route").get<std::string>() : r.backend;
       r.isa = x.at("isa").get<std::string>();
       r.model = x.at("model").get<std::string>();
       r.kind = x.at("kind").get<std::string>();
@@ -236,7 +239,7 @@ std::string compare_text(const Comparison& c) {
     std::vector<bool> right = {false, false, false, false, false, false, false, true, true, true, true, true, false};
     for (const auto& l : c.lines) {
       const Row& x = l.now;
-      t.push_back({x.backend, x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype,
+      t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype,
                    std::to_string(x.new_tokens), ctx(x.context), num(l.old_ms), num(x.ms_median), num(l.ratio),
                    l.regression ? "REGRESSION" : ""});
     }
@@ -338,7 +341,7 @@ std::string csv_text(const Result& r) {
       "backend,isa,model,kind,phase,kv_dtype,weight_dtype,batch,new_tokens,context,ms_median,ms_min,gflops,gbs,"
       "pct_peak,vs_reference,vs_best\n";
   for (const Row& x : r.rows) {
-    s += x.backend + "," + x.isa + "," + x.model + "," + x.kind + "," + x.phase + "," + x.kv_dtype + "," +
+    s += x.label() + "," + x.isa + "," + x.model + "," + x.kind + "," + x.phase + "," + x.kv_dtype + "," +
          x.weight_dtype + "," + std::to_string(x.batch) + "," + std::to_string(x.new_tokens) + "," +
          (x.context ? std::to_string(*x.context) : std::string()) + "," + o(x.ms_median) + "," + o(x.ms_min) + "," +
          o(x.gflops) + "," + o(x.gbs) + "," + o(x.pct_peak) + "," + o(x.vs_reference) + "," + o(x.vs_best) + "\n";
@@ -353,7 +356,7 @@ std::string svg_text(const Result& r) {
   std::map<std::string, std::string> group_label;
   std::map<std::pair<std::string, std::string>, const Row*> cell;
   for (const Row& x : r.rows) {
-    const std::string g = x.shape_id(), s = x.backend + " " + x.isa;
+    const std::string g = x.shape_id(), s = x.label() + " " + x.isa;
     if (!group_label.count(g)) {
       groups.push_back(g);
       group_label[g] = x.model + " " + x.kind + " " + x.phase + " " + (x.context ? "ctx " + ctx(x.context) + " " : "") +

@@ -19,8 +19,10 @@ Args::Args(const std::string& command, const std::vector<Option>& options, int a
       help_ = true;
       continue;
     }
+    // Messages leave out the "g3attn <command>: " prefix: main() adds it to
+    // every InputError, so the command is named once.
     if (a.rfind("--", 0) != 0)
-      throw InputError("g3attn " + command + ": unexpected argument '" + a + "' (see g3attn " + command + " --help)");
+      throw InputError("unexpected argument '" + a + "' (see g3attn " + command + " --help)");
     std::string name = a.substr(2), value;
     bool inline_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
@@ -32,8 +34,8 @@ Args::Args(const std::string& command, const std::vector<Option>& options, int a
     for (const auto& o : options_)
       if (o.name == name) opt = &o;
     if (!opt)
-      throw InputError("g3attn " + command + ": unknown option --" + name + " (see g3attn " + command + " --help)");
-    if (values_.count(name)) throw InputError("g3attn " + command + ": --" + name + " given twice");
+      throw InputError("unknown option --" + name + " (see g3attn " + command + " --help)");
+    if (values_.count(name)) throw InputError("--" + name + " given twice");
     if (opt->arity == Arity::Switch) {
       if (inline_value) throw InputError("--" + name + " takes no value");
     } else if (!inline_value) {

@@ -48,7 +48,9 @@ std::vector<Option> bench_options() {
        "scalar,ssse3,sse4,avx2,avx3,avx3_dl,best; ones this machine or build cannot run are skipped with a note "
        "(default $G3ATTN_ISA if set, else all)"},
       {"backend", Arity::Value, "all|LIST",
-       "reference,highway,llvm,xbyak; ones this build lacks are skipped with a note (default all)"},
+       "reference,highway,llvm,xbyak,auto; ones this build lacks are skipped with a note; auto rows measure "
+       "the route --backend auto takes and name it per row: auto(highway) in the table and CSV, backend "
+       "\"auto\" plus \"route\" in JSON (default all: the four backends, not auto)"},
       {"phase", Arity::Value, "P",
        "prefill|decode|block|projections|all, or a comma list (default prefill,decode)"},
       {"new-tokens", Arity::Value, "N",
@@ -94,8 +96,12 @@ const char* kHelpHead =
     "speed relative to the reference and to the fastest row of the same shape. The FLOP rule is printed\n"
     "under the table. The reference is scalar code, measured once per shape.\n";
 
+// `all` stands for every name of `all`; `extra` names are accepted too but
+// only when given explicitly (auto measures a route some other row already
+// measures, so "all" leaves it out).
 std::vector<std::string> expand(const std::vector<std::string>& given, const std::vector<std::string>& all,
-                                const std::string& flag, const std::string& valid) {
+                                const std::string& flag, const std::string& valid,
+                                const std::vector<std::string>& extra = {}) {
   std::vector<std::string> out;
   for (const auto& g : given) {
     if (g == "all") {
@@ -103,7 +109,7 @@ std::vector<std::string> expand(const std::vector<std::string>& given, const std
         if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
       continue;
     }
-    if (std::find(all.begin(), all.end(), g) == all.end())
+    if (std::find(all.begin(), all.end(), g) == all.end() && std::find(extra.begin(), extra.end(), g) == extra.end())
       throw InputError(flag + ": unknown value '" + g + "' (valid: " + valid + ")");
     if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
   }
@@ -159,7 +165,7 @@ int cmd_bench(int argc, char** argv, int first) {
     o.isas = expand(given, names, "--isa", valid);
   }
   o.backends = expand(a.list("backend", "all"), {"reference", "highway", "llvm", "xbyak"}, "--backend",
-                      "reference, highway, llvm, xbyak, all");
+                      "reference, highway, llvm, xbyak, auto, all", {"auto"});
   o.phases = expand(a.list("phase", "prefill,decode"), bench::phase_names(), "--phase",
                     "prefill, decode, block, projections, all");
   o.new_tokens = a.integer("new-tokens", bench::kDefaultNewTokens, 1, 1 << 20);

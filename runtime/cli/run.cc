@@ -34,7 +34,8 @@ static std::vector<Option> run_options() {
       {"seed", Arity::Value, "S", "seed of the random weights and inputs (default 0)"},
       {"weight-dtype", Arity::Value, "T", "random weights' type f32|bf16 (default bf16)"},
       {"verify", Arity::Switch, "", "also run the scalar reference (official full-length cache, double) and report max |diff|"},
-      {"json", Arity::OptionalValue, "FILE", "a JSON summary: to stdout, or to FILE"},
+      {"json", Arity::OptionalValue, "FILE",
+       "the summary as JSON: alone, JSON instead of the text on stdout; with FILE, the text plus FILE"},
   };
   for (auto& c : common_kernel_options()) o.push_back(c);
   return o;
@@ -125,27 +126,34 @@ int cmd_run(int argc, char** argv, int first) {
   }
   const int nglobal = int(std::count_if(res.layers.begin(), res.layers.end(),
                                         [](const RunLayer& l) { return l.kind == LayerKind::Global; }));
-  std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
-              res.config.name.c_str(), res.config.hidden_size, res.config.num_layers, res.config.num_layers - nglobal,
-              nglobal);
-  std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, %d threads, isa %s\n", (long long)r.batch,
-              (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
-              to_string(r.kv_dtype), res.threads, res.isa.c_str());
-  std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
-  for (const auto& [k, rt] : routes)
-    table.push_back({k, rt.kind, std::to_string(rt.layers.size()),
-                     rt.backend + (rt.specialised ? "" : " (generic)"), rt.isa});
-  std::cout << format_table(table);
-  std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
-  if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
-  const double tot = std::max(1e-9, res.local_ms + res.global_ms);
-  std::printf("time split: local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
-              100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
-  std::printf("KV memory: %s ring vs %s full length (%lld positions)\n", gib(res.kv.ring).c_str(),
-              gib(res.kv.full_length).c_str(), (long long)(r.prompt + r.decode));
-  if (res.verified)
-    std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s)\n",
-                res.max_abs_diff, res.max_abs_diff_prefill, res.max_abs_diff_decode, res.verify_s);
+  // The text summary goes to stdout unless `--json` alone asked for JSON
+  // there instead (README: then stdout holds only the JSON document).
+  const bool json_stdout = a.has("json") && a.str("json").empty();
+  if (!json_stdout) {
+    std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
+                res.config.name.c_str(), res.config.hidden_size, res.config.num_layers,
+                res.config.num_layers - nglobal, nglobal);
+    std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, %d threads, isa %s\n", (long long)r.batch,
+                (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
+                to_string(r.kv_dtype), res.threads, res.isa.c_str());
+    std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
+    for (const auto& [k, rt] : routes)
+      table.push_back({k, rt.kind, std::to_string(rt.layers.size()),
+                       rt.backend + (rt.specialised ? "" : " (generic)"), rt.isa});
+    std::fflush(stdout);  // printf and std::cout share stdout: keep the order
+    std::cout << format_table(table) << std::flush;
+    std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
+    if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+    const double tot = std::max(1e-9, res.local_ms + res.global_ms);
+    std::printf("time split: local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
+                100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
+    std::printf("KV memory: %s ring vs %s full length (%lld positions)\n", gib(res.kv.ring).c_str(),
+                gib(res.kv.full_length).c_str(), (long long)(r.prompt + r.decode));
+    if (res.verified)
+      std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s)\n",
+                  res.max_abs_diff, res.max_abs_diff_prefill, res.max_abs_diff_decode, res.verify_s);
+    std::fflush(stdout);
+  }
 
   if (a.has("json")) {
     nlohmann::json j;
