@@ -14,7 +14,8 @@ namespace {
 
 const char* kCase = "tiny_global_L5_T12_B2_rightpad";
 
-std::string golden(const std::string& f) { return g3test::golden_dir() + "/" + kCase + "/" + f; }
+// A file of kCase; a missing one fails the test with its path (golden_file).
+std::string golden(const std::string& f) { return g3test::golden_file(kCase, f); }
 
 // The arguments of a valid apply of kCase, with files overridable.
 struct ApplyArgs {

@@ -181,14 +181,16 @@ TEST_CASE("multimodal gemma3 config: nested text_config with HF defaults", "[cat
 
 TEST_CASE("golden configs parse with their layer_index", "[catalogue]") {
   for (const auto& c : g3test::golden_cases()) {
-    auto m = g3::load_config_file(g3test::golden_dir() + "/" + c + "/config.json");
+    auto m = g3::load_config_file(g3test::golden_file(c, "config.json"));
     REQUIRE(m.layer_index.has_value());
     auto l = g3::layer_spec(m, *m.layer_index);
     INFO(c);
     CHECK((c.find("global") != std::string::npos) == (l.kind == LayerKind::Global));
   }
-  auto m27 = g3::load_config_file(g3test::golden_dir() + "/27b_D512_local_L0_T48/config.json");
-  CHECK(g3::layer_spec(m27, 0).alpha == static_cast<float>(1.0 / std::sqrt(168.0)));
+  if (g3test::need_golden_case("27b_D512_local_L0_T48", "the 27B golden config's query scale 1/sqrt(168)")) {
+    auto m27 = g3::load_config_file(g3test::golden_file("27b_D512_local_L0_T48", "config.json"));
+    CHECK(g3::layer_spec(m27, 0).alpha == static_cast<float>(1.0 / std::sqrt(168.0)));
+  }
 }
 
 TEST_CASE("bad config values are clear errors", "[catalogue][errors]") {

@@ -35,6 +35,7 @@
 #include "layer_weights.h"
 #include "packed_weights.h"
 #include "reference.h"
+#include "test_support.h"
 
 #ifdef G3_HIGHWAY_AVAILABLE
 #include "projections.h"
@@ -136,7 +137,7 @@ const char* dtype_name(DType d) { return d == DType::F32 ? "f32" : "bf16"; }
 }  // namespace
 
 TEST_CASE("highway projections: every runnable ISA is served, bad names are InputError", "[hwy][projections]") {
-  const auto isas = g3::runnable_isas();
+  const auto isas = g3test::highway_test_isas();  // prints what it skips
   REQUIRE(!isas.empty());
   for (const auto& isa : isas) {
     CHECK(g3::highway_gemm(isa) != nullptr);
@@ -150,7 +151,7 @@ TEST_CASE("highway gemm equals ref::gemm on awkward shapes, f32 and bf16 weights
   const int64_t Ms[] = {1, 3, 7, 33};
   const int64_t Ns[] = {1, 31, 33, 96};
   const int64_t Ks[] = {1, 17, 1152};
-  const auto isas = g3::runnable_isas();
+  const auto isas = g3test::highway_test_isas();  // prints what it skips
   uint32_t seed = 1;
   for (DType dt : {DType::F32, DType::BF16})
     for (int64_t M : Ms)
@@ -174,7 +175,7 @@ TEST_CASE("highway gemm: blocked path across K and M blocks, GEMV/tile boundarie
   };
   const Shape shapes[] = {{4, 300, 64},  {5, 513, 40},  {16, 256, 32},  {17, 1025, 65},
                           {25, 100, 96}, {24, 512, 33}, {200, 600, 70}, {197, 1100, 40}};
-  const auto isas = g3::runnable_isas();
+  const auto isas = g3test::highway_test_isas();  // prints what it skips
   uint32_t seed = 1000;
   for (DType dt : {DType::F32, DType::BF16})
     for (const Shape& s : shapes) {
@@ -192,7 +193,7 @@ TEST_CASE("highway gemm: panel sub-ranges and strides; a split equals the whole 
   // N = 100: panels [0,32) [32,64) [64,96) [96,100) with the last one
   // zero-padded. lda and ldc are larger than K and N; the padding columns of
   // a and c hold a sentinel that must neither be read nor written.
-  const auto isas = g3::runnable_isas();
+  const auto isas = g3test::highway_test_isas();  // prints what it skips
   for (DType dt : {DType::F32, DType::BF16})
     for (int64_t M : {1, 2, 7, 40}) {  // GEMV groups and the blocked path
       const int64_t K = 77, N = 100, ldc = N + 13;
@@ -224,7 +225,7 @@ TEST_CASE("highway gemm: panel sub-ranges and strides; a split equals the whole 
 
 TEST_CASE("highway gemm: empty work writes nothing, K = 0 writes zeros", "[hwy][projections]") {
   const Problem p = make_problem(3, 5, 40, DType::F32, 0, 5);
-  for (const auto& isa : g3::runnable_isas()) {
+  for (const auto& isa : g3test::highway_test_isas()) {
     INFO(isa);
     const g3_gemm_fn fn = g3::highway_gemm(isa);
     std::vector<float> c(3 * 40, kSentinel);
@@ -249,6 +250,7 @@ TEST_CASE("highway rmsnorm equals ref::rmsnorm, with and without residual, in pl
   std::uniform_real_distribution<float> u(-2.0f, 2.0f), uw(-0.5f, 0.5f);
   const int64_t ns[] = {1, 7, 16, 33, 256, 1003, 1152};
   const int64_t rows = 3;
+  const auto isas = g3test::highway_test_isas();  // prints what it skips
   for (int64_t n : ns) {
     const int64_t xs = n + 3, ys = n + 5;
     std::vector<float> x(rows * xs, kSentinel), w(n), res(rows * ys, kSentinel);
@@ -262,7 +264,7 @@ TEST_CASE("highway rmsnorm equals ref::rmsnorm, with and without residual, in pl
     for (bool with_res : {false, true}) {
       std::vector<float> ref(rows * ys, kSentinel);
       g3::ref::rmsnorm(x.data(), rows, n, xs, w.data(), eps, with_res ? res.data() : nullptr, ref.data(), ys);
-      for (const auto& isa : g3::runnable_isas()) {
+      for (const auto& isa : isas) {
         INFO(isa << " n=" << n << " residual=" << with_res);
         const g3_rmsnorm_fn fn = g3::highway_rmsnorm(isa);
         std::vector<float> y(rows * ys, kSentinel);

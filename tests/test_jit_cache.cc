@@ -35,16 +35,24 @@ struct StderrCapture {
     ::dup2(fd, 2);
     ::close(fd);
   }
+  // Restores stderr and returns what was captured.
   std::string finish() {
+    restore();
+    return g3test::read_text(path);
+  }
+  // Only restores: the test may have read and removed the file already, and
+  // a destructor must not throw (read_text does for a missing file).
+  ~StderrCapture() { restore(); }
+
+ private:
+  void restore() {
     std::fflush(stderr);
     if (saved >= 0) {
       ::dup2(saved, 2);
       ::close(saved);
       saved = -1;
     }
-    return g3test::read_text(path);
   }
-  ~StderrCapture() { finish(); }
 };
 
 std::vector<std::string> entries(const std::string& dir, const std::string& suffix) {

@@ -139,6 +139,7 @@ TEST_CASE("npy: negative dimensions cannot be written", "[npy]") {
 
 TEST_CASE("npy: golden files read in place", "[npy][golden]") {
   const std::string dir = g3test::golden_dir() + "/tiny_global_L5_T12_B2_rightpad";
+  REQUIRE(g3test::file_exists(g3test::golden_file("tiny_global_L5_T12_B2_rightpad", "x.npy")));
   g3::NpyArray x = g3::read_npy_f32(dir + "/x.npy");
   CHECK(x.shape == std::vector<int64_t>{2, 12, 64});
   REQUIRE(x.f32.size() == 2 * 12 * 64);
@@ -162,18 +163,18 @@ TEST_CASE("npy: golden files read in place", "[npy][golden]") {
   for (const std::string& c : g3test::golden_cases()) {
     for (const char* f : {"x.npy", "attn_out.npy", "block_out.npy"}) {
       INFO(c << "/" << f);
-      CHECK_NOTHROW(g3::read_npy_f32(g3test::golden_dir() + "/" + c + "/" + f));
+      CHECK_NOTHROW(g3::read_npy_f32(g3test::golden_file(c, f)));
     }
-    CHECK_NOTHROW(g3::read_npy_i32(g3test::golden_dir() + "/" + c + "/positions.npy"));
+    CHECK_NOTHROW(g3::read_npy_i32(g3test::golden_file(c, "positions.npy")));
   }
 }
 
 TEST_CASE("npy: read_npy_f32 and read_npy_i32 name what they found", "[npy][errors]") {
-  const std::string dir = g3test::golden_dir() + "/tiny_global_L5_T12_B2_rightpad";
-  CHECK_THROWS_AS(g3::read_npy_f32(dir + "/positions.npy"), g3::InputError);
-  CHECK_THROWS_WITH(g3::read_npy_f32(dir + "/positions.npy"),
+  const std::string p = g3test::golden_file("tiny_global_L5_T12_B2_rightpad", "positions.npy");
+  CHECK_THROWS_AS(g3::read_npy_f32(p), g3::InputError);
+  CHECK_THROWS_WITH(g3::read_npy_f32(p),
                     Contains("positions.npy: ") && Contains("expected float32") && Contains("found int32"));
-  CHECK_THROWS_WITH(g3::read_npy_i32(dir + "/x.npy"),
+  CHECK_THROWS_WITH(g3::read_npy_i32(g3test::golden_file("tiny_global_L5_T12_B2_rightpad", "x.npy")),
                     Contains("x.npy: ") && Contains("expected int32") && Contains("found float32"));
 }
 
@@ -230,7 +231,7 @@ TEST_CASE("npy: not a .npy file", "[npy][errors]") {
   }
   SECTION("empty") { expect_error({}, "not a .npy file (bad magic)"); }
   SECTION("a safetensors file") {
-    std::vector<uint8_t> b = g3test::read_bytes(g3test::golden_dir() + "/tiny_global_L5_T12_B2_rightpad/weights.safetensors");
+    std::vector<uint8_t> b = g3test::read_bytes(g3test::golden_file("tiny_global_L5_T12_B2_rightpad", "weights.safetensors"));
     expect_error(b, "not a .npy file (bad magic)");
   }
   SECTION("magic only") { expect_error({0x93, 'N', 'U', 'M', 'P', 'Y', 1}, "truncated .npy file"); }

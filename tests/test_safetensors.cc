@@ -74,12 +74,12 @@ std::string obj(std::initializer_list<std::string> entries, const std::string& p
   return s;
 }
 
-const std::string kGoldenCase = "/tiny_global_L5_T12_B2_rightpad";
+const std::string kGoldenCase = "tiny_global_L5_T12_B2_rightpad";
 
 }  // namespace
 
 TEST_CASE("safetensors: golden weights", "[safetensors][golden]") {
-  const std::string path = g3test::golden_dir() + kGoldenCase + "/weights.safetensors";
+  const std::string path = g3test::golden_file(kGoldenCase, "weights.safetensors");
   auto f = g3::SafeTensorsFile::open(path);
   CHECK(f->path() == path);
   CHECK(f->tensors().size() == 8);
@@ -132,7 +132,7 @@ TEST_CASE("safetensors: every golden weights file validates", "[safetensors][gol
   for (const std::string& c : g3test::golden_cases()) {
     INFO(c);
     std::shared_ptr<g3::SafeTensorsFile> f;
-    REQUIRE_NOTHROW(f = g3::SafeTensorsFile::open(g3test::golden_dir() + "/" + c + "/weights.safetensors"));
+    REQUIRE_NOTHROW(f = g3::SafeTensorsFile::open(g3test::golden_file(c, "weights.safetensors")));
     CHECK(f->tensors().size() == 8);
     for (const auto& [name, t] : f->tensors()) {
       CHECK(static_cast<int64_t>(t.to_f32().size()) == t.numel());
@@ -378,7 +378,7 @@ TEST_CASE("safetensors: open() errors name the path", "[safetensors][errors]") {
     CHECK_THROWS_WITH(g3::SafeTensorsFile::open(dir.path), Contains(dir.path + ": ") && Contains("directory"));
   }
   SECTION("a .npy file") {
-    std::string p = g3test::golden_dir() + kGoldenCase + "/x.npy";
+    std::string p = g3test::golden_file(kGoldenCase, "x.npy");
     CHECK_THROWS_WITH(g3::SafeTensorsFile::open(p), Contains(p + ": ") && Contains("header length"));
   }
   SECTION("invalid header through a mapped file") {

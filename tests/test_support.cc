@@ -1,6 +1,8 @@
 #include "test_support.h"
 
 #include "apply.h"
+#include "backend_api.h"
+#include "isa.h"
 #include "npy.h"
 
 #include <sys/wait.h>
@@ -10,8 +12,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -20,16 +24,84 @@ namespace fs = std::filesystem;
 
 namespace g3test {
 
-std::string golden_dir() { return G3ATTN_GOLDEN_DIR; }
 std::string g3attn_bin() { return G3ATTN_BIN; }
 std::string source_dir() { return G3ATTN_SOURCE_DIR; }
 
+namespace {
+
+// How many cases each set holds: fewer means a half-copied or wrong
+// directory, which must fail rather than quietly test less.
+constexpr size_t kFullSetCases = 10, kSubsetCases = 3;
+
+GoldenSet resolve_golden_set() {
+  GoldenSet g;
+  std::error_code ec;
+  if (const char* env = std::getenv("G3ATTN_GOLDEN_DIR"); env && *env) {
+    if (!fs::is_directory(env, ec))
+      throw std::runtime_error(std::string("G3ATTN_GOLDEN_DIR=") + env + " is not a directory");
+    g = {env, true, "$G3ATTN_GOLDEN_DIR"};
+  } else if (fs::path beside = fs::path(source_dir()) / ".." / "shared" / "golden"; fs::is_directory(beside, ec)) {
+    g = {fs::weakly_canonical(beside, ec).string(), true, "../shared/golden beside the project"};
+  } else {
+    g = {source_dir() + "/tests/golden", false, "in-repo subset"};
+    if (!fs::is_directory(g.dir, ec)) throw std::runtime_error("the in-repo golden subset " + g.dir + " is missing");
+  }
+  std::printf("golden cases: %s from %s (%s)%s\n", g.full ? "full set" : "subset (3 tiny cases)", g.dir.c_str(),
+              g.source.c_str(),
+              g.full ? "" : "; set G3ATTN_GOLDEN_DIR or place ../shared/golden beside the project for the full set");
+  std::fflush(stdout);
+  return g;
+}
+
+}  // namespace
+
+const GoldenSet& golden_set() {
+  // Resolved once per process; a failure is rethrown on every call, so
+  // each test that needs the cases fails with the same clear message.
+  static std::optional<GoldenSet> set;
+  static std::string error;
+  if (!set && error.empty()) {
+    try {
+      set = resolve_golden_set();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (!set) throw std::runtime_error(error);
+  return *set;
+}
+
+std::string golden_dir() { return golden_set().dir; }
+
 std::vector<std::string> golden_cases() {
+  const GoldenSet& g = golden_set();
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(golden_dir()))
+  for (const auto& e : fs::directory_iterator(g.dir))
     if (e.is_directory() && fs::exists(e.path() / "config.json")) out.push_back(e.path().filename());
   std::sort(out.begin(), out.end());
+  const size_t want = g.full ? kFullSetCases : kSubsetCases;
+  if (out.size() < want)
+    throw std::runtime_error("golden cases: " + g.dir + " (" + g.source + ") holds " + std::to_string(out.size()) +
+                             " cases, expected at least " + std::to_string(want));
   return out;
+}
+
+std::string golden_file(const std::string& name, const std::string& file) {
+  const GoldenSet& g = golden_set();
+  const std::string p = g.dir + "/" + name + "/" + file;
+  if (!fs::is_regular_file(p))
+    throw std::runtime_error("golden file " + p + " is missing (" + (g.full ? "full set" : "subset") + " from " +
+                             g.source + ")");
+  return p;
+}
+
+bool need_golden_case(const std::string& name, const std::string& what) {
+  const GoldenSet& g = golden_set();
+  if (fs::exists(fs::path(g.dir) / name / "config.json")) return true;
+  if (g.full) throw std::runtime_error("golden case " + name + " is missing from the full set at " + g.dir);
+  std::printf("skipped: %s (needs golden case %s, only in the full set)\n", what.c_str(), name.c_str());
+  std::fflush(stdout);
+  return false;
 }
 
 TempDir::TempDir() {
@@ -80,6 +152,7 @@ void write_text(const std::string& path, const std::string& text) {
 }
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -147,16 +220,17 @@ std::vector<float> randn(size_t n, uint64_t seed) {
 GoldenCheck check_golden_case(const std::string& name, const std::string& backend, const std::string& isa) {
   std::string d = golden_dir() + "/" + name;
   g3::ApplyRequest r;
-  r.config = d + "/config.json";
-  r.weights = d + "/weights.safetensors";
-  r.input = d + "/x.npy";
-  r.positions = d + "/positions.npy";
+  r.config = golden_file(name, "config.json");
+  r.weights = golden_file(name, "weights.safetensors");
+  r.input = golden_file(name, "x.npy");
+  r.positions = golden_file(name, "positions.npy");
   if (file_exists(d + "/attention_mask.npy")) r.attention_mask = d + "/attention_mask.npy";
   r.backend = backend;
   r.isa = isa;
+  const std::string attn_path = golden_file(name, "attn_out.npy"), block_path = golden_file(name, "block_out.npy");
   g3::ApplyResult res = g3::run_apply(r);
-  g3::NpyArray want_attn = g3::read_npy_f32(d + "/attn_out.npy");
-  g3::NpyArray want_block = g3::read_npy_f32(d + "/block_out.npy");
+  g3::NpyArray want_attn = g3::read_npy_f32(attn_path);
+  g3::NpyArray want_block = g3::read_npy_f32(block_path);
   g3::NpyArray pos = g3::read_npy_i32(r.positions);
   int32_t mx = 0;
   for (int32_t p : pos.i32) mx = std::max(mx, p);
@@ -174,6 +248,54 @@ GoldenCheck check_golden_case(const std::string& name, const std::string& backen
   std::printf("golden %-36s %-9s %-7s attn_out max|diff| %.3g  block_out max|diff| %.3g\n", name.c_str(),
               g.backend.c_str(), g.isa.c_str(), g.attn_max, g.block_max);
   return g;
+}
+
+std::vector<std::string> highway_test_isas() {
+  std::vector<std::string> v;
+#ifdef G3_HIGHWAY_AVAILABLE
+  const std::vector<std::string> compiled = g3::highway_compiled_isas();
+  for (const auto& isa : g3::isa_names()) {
+    if (std::find(compiled.begin(), compiled.end(), isa) == compiled.end())
+      std::printf("skipped: highway %s (not compiled into this build)\n", isa.c_str());
+    else if (!g3::isa_supported_by_cpu(isa))
+      std::printf("skipped: highway %s (this CPU cannot run it)\n", isa.c_str());
+    else
+      v.push_back(isa);
+  }
+#else
+  std::printf("skipped: highway (not part of this build)\n");
+#endif
+  std::fflush(stdout);
+  return v;
+}
+
+bool backend_runs_here(const std::string& backend, const std::string& isa_in) {
+  const std::string isa = isa_in.empty() || isa_in == "best" ? g3::best_isa() : isa_in;
+  std::string why;
+  if (!g3::isa_supported_by_cpu(isa)) {
+    why = "this CPU cannot run " + isa;
+  } else if (backend == "highway") {
+#ifdef G3_HIGHWAY_AVAILABLE
+    if (!g3::isa_compiled(isa)) why = "not compiled into this build";
+#else
+    why = "not part of this build";
+#endif
+  } else if (backend == "llvm") {
+#ifndef G3_LLVM_AVAILABLE
+    why = "not part of this build (-DG3ATTN_WITH_LLVM=OFF)";
+#endif
+  } else if (backend == "xbyak") {
+#ifdef G3_XBYAK_AVAILABLE
+    // The Xbyak kernels are AVX2+FMA or AVX-512 code only (README).
+    if (isa != "avx2" && isa != "avx3" && isa != "avx3_dl") why = "ISA cap below avx2";
+#else
+    why = "not part of this build";
+#endif
+  }
+  if (why.empty()) return true;
+  std::printf("skipped: %s %s (%s)\n", backend.c_str(), isa.c_str(), why.c_str());
+  std::fflush(stdout);
+  return false;
 }
 
 }  // namespace g3test

@@ -30,11 +30,12 @@ struct Case {
   uint32_t seed;
 };
 
-// Caps to test: each only when this CPU can run code of that level.
+// Caps to test: each only when this CPU can run code of that level; the
+// others are printed as skipped, with the reason.
 std::vector<std::string> caps() {
   std::vector<std::string> v;
-  if (g3::isa_supported_by_cpu("avx2")) v.push_back("avx2");
-  if (g3::isa_supported_by_cpu("avx3")) v.push_back("avx3");
+  for (const char* cap : {"avx2", "avx3"})
+    if (g3test::backend_runs_here("xbyak", cap)) v.push_back(cap);
   return v;
 }
 
@@ -215,8 +216,10 @@ TEST_CASE("xbyak availability follows the ISA cap and the key", "[xbyak]") {
     CHECK(b.isa == "avx2");
     CHECK(b.table.core != nullptr);
     CHECK(b.table.qk == nullptr);  // taken from Highway by the registry
-    CHECK(b.compile_ms < 50);      // generation is about 0.05 ms; generous bound for a loaded machine
-    k.head_dim = 100;              // not a multiple of the vector width
+    // How long generation took is reported (compile_ms) but not asserted:
+    // times belong in `g3attn bench`, not in a test on a shared machine.
+    CHECK(b.compile_ms >= 0);
+    k.head_dim = 100;  // not a multiple of the vector width
     CHECK_FALSE(g3::xbyak_available(k, "avx2", &why));
     CHECK(why.find("head_dim 100") != std::string::npos);
     CHECK_THROWS_AS(g3::xbyak_kernels(k, "avx2"), g3::InputError);
@@ -234,7 +237,8 @@ void check_golden(const std::string& name, const std::string& isa) {
   g3test::GoldenCheck g = g3test::check_golden_case(name, "xbyak", isa);
   INFO(name << " " << g.backend << " " << g.isa << ": attn max diff " << g.attn_max << ", block max diff "
             << g.block_max);
-  CHECK(g.backend == "xbyak");
+  CHECK(g.backend == "xbyak");  // a fallback to highway is not a pass
+  CHECK(g.isa == isa);
   CHECK(g.bad_attn == 0);
   CHECK(g.bad_block == 0);
 }
@@ -243,9 +247,8 @@ void check_golden(const std::string& name, const std::string& isa) {
 
 TEST_CASE("xbyak reproduces every golden case through run_apply", "[xbyak][golden]") {
   const auto cs = caps();
-  if (cs.empty()) return;
+  if (cs.empty()) return;  // caps() printed why
   auto cases = g3test::golden_cases();
-  REQUIRE(cases.size() >= 10);
   for (const auto& cap : cs)
     for (const auto& c : cases) {
       SECTION(cap + " " + c) { check_golden(c, cap); }

@@ -7,6 +7,10 @@ golden cases' config.json files and small .npy files. The output is checked
 in; rerun this script only to change the seeds. Standard library only.
 
     python3 tests/fuzz/make_seeds.py [GOLDEN_DIR]
+
+GOLDEN_DIR defaults to the tests' rule (tests/golden/README.md):
+$G3ATTN_GOLDEN_DIR, else ../shared/golden beside the project, else the
+in-repo subset tests/golden (whose seeds are then the only golden ones).
 """
 import json
 import os
@@ -16,7 +20,14 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-GOLDEN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "shared", "golden")
+def default_golden():
+    if os.environ.get("G3ATTN_GOLDEN_DIR"):
+        return os.environ["G3ATTN_GOLDEN_DIR"]
+    beside = os.path.join(ROOT, "..", "shared", "golden")
+    return beside if os.path.isdir(beside) else os.path.join(ROOT, "tests", "golden")
+
+
+GOLDEN = sys.argv[1] if len(sys.argv) > 1 else default_golden()
 MAX_SEED = 10 * 1024  # seeds stay small so the fuzzer mutates headers, not data
 
 
