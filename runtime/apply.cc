@@ -76,7 +76,7 @@ ApplyResult run_apply(const ApplyRequest& r) {
     // The official block: dense caller mask (causal AND real keys), no cache.
     std::vector<uint8_t> mask = ref::causal_mask(real.data(), B, T);
     ref::block(spec, w, x.f32.data(), pos.i32.data(), B, T, mask.data(), nullptr, out.block_out.data(),
-               out.attn_out.data());
+               out.attn_out.data(), r.kv_dtype);
     out.backend = "reference";
     out.isa = "scalar";
     return out;

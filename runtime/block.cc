@@ -109,6 +109,10 @@ void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* po
       ca.group = int32_t(G);
       ca.window = s.window;
       ca.kv_dtype = qa.kv_dtype;
+      // Keys are this call's tokens in order: causality by slot (SPEC 1.4),
+      // positions only feed RoPE and the window, whatever they are.
+      ca.causal = G3_CAUSAL_SLOTS;
+      ca.causal_offset = 0;
       k.core(&ca);
     }
     // Step J: output projection; steps 3-4: post-norm and residual.

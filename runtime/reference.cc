@@ -6,6 +6,7 @@
 
 #include "bf16.h"
 #include "errors.h"
+#include "mask_rule.h"
 
 namespace g3::ref {
 
@@ -63,7 +64,7 @@ static void project(const std::vector<float>& w, int64_t rows, int64_t cols, con
 }
 
 void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const int32_t* positions, int64_t B,
-               int64_t T, const uint8_t* mask, Cache* cache, float* out) {
+               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype) {
   const int64_t D = sp.hidden_size, H = sp.head_dim, N = sp.num_heads, K = sp.num_kv_heads, G = N / K;
   // Steps A-C: projections, QK-norm, RoPE, then q *= alpha (k is never scaled).
   const std::vector<float> wq = w.q_proj.to_f32(), wk = w.k_proj.to_f32(), wv = w.v_proj.to_f32(),
@@ -86,6 +87,11 @@ void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const
       rms_norm(kh, H, w.k_norm.data(), sp.rms_eps, kh);
       rope(kh, H, pos, sp.rope_base, sp.rope_scale);
     }
+  }
+  // K and V as stored: rounded once to bf16 when the cache holds bf16.
+  if (kv_dtype == DType::BF16) {
+    for (float& e : k) e = bf16_to_f32(f32_to_bf16(e));
+    for (float& e : v) e = bf16_to_f32(f32_to_bf16(e));
   }
 
   // Step D: the cache write, or the fresh rows as keys.
@@ -148,11 +154,11 @@ void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const
 }
 
 void block(const LayerSpec& sp, const LayerWeights& w, const float* x, const int32_t* positions, int64_t B,
-           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out) {
+           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out, DType kv_dtype) {
   const int64_t D = sp.hidden_size;
   std::vector<float> u(size_t(B * T * D)), a(size_t(B * T * D));
   for (int64_t r = 0; r < B * T; ++r) rms_norm(x + r * D, D, w.input_norm.data(), sp.rms_eps, &u[r * D]);
-  attention(sp, w, u.data(), positions, B, T, mask, cache, a.data());
+  attention(sp, w, u.data(), positions, B, T, mask, cache, a.data(), kv_dtype);
   if (attn_out) std::copy(a.begin(), a.end(), attn_out);
   for (int64_t r = 0; r < B * T; ++r) {
     std::vector<float> pn(static_cast<size_t>(D));
@@ -203,14 +209,13 @@ void core(const g3_core_args* a) {
   const int64_t H = a->head_dim, G = a->group;
   std::vector<double> p(size_t(a->S));
   for (int64_t t = 0; t < a->T; ++t) {
-    const int64_t qp = a->qpos[t];
+    const g3_row_bounds rb = g3_bounds_of(a, t);
     for (int64_t g = 0; g < G; ++g) {
       const float* q = a->q + t * a->q_stride + g * H;
       float* o = a->out + t * a->out_stride + g * H;
       double mx = -INFINITY;
       for (int64_t s = 0; s < a->S; ++s) {
-        const int64_t kp = a->kpos[s];
-        bool visible = a->kvalid[s] && kp <= qp && (a->window == 0 || qp - kp < a->window);
+        const bool visible = g3_visible(rb, s, a->kpos[s], a->kvalid[s]);
         p[s] = -INFINITY;
         if (!visible) continue;
         double l = 0;
@@ -225,6 +230,8 @@ void core(const g3_core_args* a) {
       }
       double sum = 0;
       for (int64_t s = 0; s < a->S; ++s) sum += (p[s] = p[s] == -INFINITY ? 0.0 : std::exp(p[s] - mx));
+      // Hidden slots (p = 0 exactly) are never read: whatever they hold,
+      // NaN included, cannot reach the output.
       for (int64_t h = 0; h < H; ++h) {
         double acc = 0;
         for (int64_t s = 0; s < a->S; ++s)

@@ -13,6 +13,7 @@
 
 #include "catalogue.h"
 #include "kernel_contract.h"
+#include "kernel_key.h"
 #include "layer_weights.h"
 
 namespace g3::ref {
@@ -47,14 +48,17 @@ std::vector<uint8_t> causal_mask(const int32_t* key_real, int64_t B, int64_t T);
 // SPEC 1.3 Attention: u [B][T][D] (already pre-normed), positions [B][T],
 // mask [B][T][S] with S = cache ? cache->S : T. Writes out [B][T][D].
 // With a cache, the T new rows are written at min(end_index mod S, S - T)
-// and end_index advances by T (SPEC 1.5).
+// and end_index advances by T (SPEC 1.5). kv_dtype is how K and V are
+// stored: BF16 rounds each element once, to nearest even, as it enters the
+// cache (or the fresh keys); q and the softmax weights stay exact.
 void attention(const LayerSpec& spec, const LayerWeights& w, const float* u, const int32_t* positions, int64_t B,
-               int64_t T, const uint8_t* mask, Cache* cache, float* out);
+               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype = DType::F32);
 
 // SPEC 1.2 steps 1-4: u = RMSNorm(x); a = Attention(u); y = x + RMSNorm(a).
 // attn_out (optional) receives a before the post-norm.
 void block(const LayerSpec& spec, const LayerWeights& w, const float* x, const int32_t* positions, int64_t B,
-           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out);
+           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out,
+           DType kv_dtype = DType::F32);
 
 // The kernel contract in scalar code (structured mask; rows with no visible
 // key get zeros and lse = -inf).

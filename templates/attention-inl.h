@@ -31,6 +31,7 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernel_contract.h"
+#include "mask_rule.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace g3 {
@@ -230,62 +231,11 @@ HWY_INLINE void Qk(const g3_qk_args* a, double base, double rscale, float alpha)
 // ---------------------------------------------------------------------------
 // Stage E-I: the attention core.
 //
-// Rows are (token t, group head g) pairs, row i = t * G + g. A row sees key
-// slot s iff kvalid[s] && lo <= kpos[s] <= hi, with hi = qpos and lo =
-// qpos - W + 1 on local layers (int64, clamped to int32: exact, since kpos is
-// an int32), the contract's structured mask.
-
-struct RowBounds {
-  int32_t lo, hi;
-};
-
-HWY_INLINE RowBounds BoundsOf(int32_t qpos, int32_t window) {
-  RowBounds b;
-  b.hi = qpos;
-  const int64_t lo = window > 0 ? int64_t(qpos) - window + 1 : INT64_MIN;
-  b.lo = lo < INT32_MIN ? INT32_MIN : int32_t(lo);
-  return b;
-}
-
-// Summary of one key tile: stored positions of its valid slots.
-struct TileInfo {
-  int32_t kmin, kmax;
-  uint8_t any, all;  // any valid slot; every one of the kBk slots valid
-};
-
-// Summary of a set of rows: what tile classification needs.
-struct RowSet {
-  int32_t hi_min, hi_max, lo_min, lo_max;
-};
-
-enum TileClass { kSkip, kPartial, kFull };
-
-// kSkip: no row can see any key of the tile (causal or window rule, or no
-// valid slot); kFull: every row sees every key, so per-element masking is
-// not needed; otherwise kPartial.
-HWY_INLINE TileClass Classify(const TileInfo& t, const RowSet& r) {
-  if (!t.any || t.kmin > r.hi_max || t.kmax < r.lo_min) return kSkip;
-  if (t.all && t.kmax <= r.hi_min && t.kmin >= r.lo_max) return kFull;
-  return kPartial;
-}
-
-HWY_INLINE void TileInfos(const g3_core_args* a, size_t ntiles, TileInfo* info) {
-  for (size_t k = 0; k < ntiles; ++k) {
-    const int64_t s0 = int64_t(k * kBk), s1 = s0 + int64_t(kBk) < a->S ? s0 + int64_t(kBk) : a->S;
-    TileInfo t{INT32_MAX, INT32_MIN, 0, uint8_t(s1 - s0 == int64_t(kBk))};
-    for (int64_t s = s0; s < s1; ++s) {
-      if (a->kvalid[s]) {
-        const int32_t p = a->kpos[s];
-        t.kmin = p < t.kmin ? p : t.kmin;
-        t.kmax = p > t.kmax ? p : t.kmax;
-        t.any = 1;
-      } else {
-        t.all = 0;
-      }
-    }
-    info[k] = t;
-  }
-}
+// Rows are (token t, group head g) pairs, row i = t * G + g. Which key slots
+// a row sees is the contract's structured mask, decided by mask_rule.h (the
+// one copy every backend uses): per row, bounds on the stored position and
+// on the slot; per tile of kBk slots, a summary that classifies the whole
+// tile against a block of rows.
 
 // Positions and validity of one tile as int32 lanes, padded past S with
 // invalid slots so vector code may always run over kBk keys.
@@ -299,6 +249,29 @@ HWY_INLINE void TileMaskData(const g3_core_args* a, size_t k, int32_t* kp, int32
   }
 }
 
+// V rows [s0, s0 + nk) for the P.V product, as a pointer the caller may read
+// nk rows from: the cache itself when every slot is valid, else a copy in
+// `clean` (nk x H elements of the cache's type) whose invalid rows are zero.
+// Their probabilities are exactly 0, but 0 * NaN is NaN and an invalid slot
+// may hold anything (never written, or a padded token's values).
+template <int kKV>
+HWY_INLINE const void* CleanValues(const g3_core_args* a, size_t s0, size_t nk, size_t H, void* clean) {
+  const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2, row = H * esz;
+  const uint8_t* v = static_cast<const uint8_t*>(a->v) + s0 * row;
+  size_t s = 0;
+  while (s < nk && a->kvalid[s0 + s]) ++s;
+  if (s == nk) return v;
+  uint8_t* dst = static_cast<uint8_t*>(clean);
+  for (s = 0; s < nk; ++s) {
+    if (a->kvalid[s0 + s]) {
+      memcpy(dst + s * row, v + s * row, row);
+    } else {
+      memset(dst + s * row, 0, row);
+    }
+  }
+  return dst;
+}
+
 // Online softmax over one tile for nr rows (flash-attention style, SPEC 1.3
 // steps G-H with the structured mask): S holds the rows' logits [nr][width]
 // (row stride kBk; width a multiple of the vector);
@@ -306,21 +279,25 @@ HWY_INLINE void TileMaskData(const g3_core_args* a, size_t k, int32_t* kp, int32
 // l (running max and sum) are updated and corr receives exp(m_old - m_new),
 // the factor the row's running output must be rescaled by.
 template <class DK>
-HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* S, bool full, const int32_t* kp,
-                            const int32_t* kv, const RowBounds* rb, float* m, float* l, float* corr) {
+HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* S, bool full, int64_t s0, const int32_t* kp,
+                            const int32_t* kv, const g3_row_bounds* rb, float* m, float* l, float* corr) {
   const size_t N = hn::Lanes(dk);
   const hn::RebindToSigned<DK> di;
   const auto negbig = hn::Set(dk, kNegBig);
   for (size_t r = 0; r < nr; ++r) {
     float* sr = S + r * kBk;
     const auto hi = hn::Set(di, rb[r].hi), lo = hn::Set(di, rb[r].lo);
+    // The slot rule as an offset inside the tile: offset j is hidden iff j > last.
+    const auto last = hn::Set(di, int32_t(g3_slot_limit(rb[r], s0, int64_t(width)) - 1));
     auto mx = negbig;
     if (full) {
       for (size_t j = 0; j < width; j += N) mx = hn::Max(mx, hn::LoadU(dk, sr + j));
     } else {
       for (size_t j = 0; j < width; j += N) {
         const auto p = hn::LoadU(di, kp + j);
-        const auto hidden = hn::Or(hn::Or(hn::Gt(p, hi), hn::Gt(lo, p)), hn::Eq(hn::LoadU(di, kv + j), hn::Zero(di)));
+        const auto off = hn::Iota(di, int32_t(j));
+        const auto hidden = hn::Or(hn::Or(hn::Or(hn::Gt(p, hi), hn::Gt(lo, p)), hn::Gt(off, last)),
+                                   hn::Eq(hn::LoadU(di, kv + j), hn::Zero(di)));
         const auto s = hn::IfThenElse(hn::RebindMask(dk, hidden), negbig, hn::LoadU(dk, sr + j));
         hn::StoreU(s, dk, sr + j);
         mx = hn::Max(mx, s);
@@ -415,7 +392,7 @@ HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float*
 struct RowIO {
   const float* q;
   float* out;
-  RowBounds b;
+  g3_row_bounds b;
 };
 
 template <int kG>
@@ -425,7 +402,7 @@ HWY_INLINE RowIO RowAt(const g3_core_args* a, size_t i) {
   RowIO io;
   io.q = a->q + int64_t(t) * a->q_stride + int64_t(g * H);
   io.out = a->out + int64_t(t) * a->out_stride + int64_t(g * H);
-  io.b = BoundsOf(a->qpos[t], a->window);
+  io.b = g3_bounds_of(a, int64_t(t));
   return io;
 }
 
@@ -448,13 +425,15 @@ HWY_INLINE void FinishRow(D d, const float* O, float m, float l, size_t H, float
 // block may see, the tile is widened to f32 and transposed once ([H][kBk]),
 // then every register tile of kRows rows runs QK -> softmax -> PV on it.
 template <int kDH, int kG, int kKV, class D>
-HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const TileInfo* info, size_t ntiles) {
+HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_tile_info* info, size_t ntiles) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
   constexpr size_t R = kRows;
   static thread_local Scratch scratch;
   const size_t nmicro_max = kMacroRows / R;
-  const size_t off_kt = 0, off_vf = off_kt + H * kBk, off_qt = off_vf + (kKV == G3_DTYPE_BF16 ? H * kBk : 0);
+  // Vf: the value tile when it cannot be read in place (bf16 widened to f32,
+  // or invalid slots to be zeroed).
+  const size_t off_kt = 0, off_vf = off_kt + H * kBk, off_qt = off_vf + H * kBk;
   const size_t off_o = off_qt + kMacroRows * H, off_s = off_o + kMacroRows * H, off_m = off_s + R * kBk;
   const size_t off_l = off_m + kMacroRows, off_c = off_l + kMacroRows, off_kp = off_c + R,
                off_kv = off_kp + kBk, total = off_kv + kBk;
@@ -471,14 +450,14 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const Til
   int32_t* kv = reinterpret_cast<int32_t*>(base + off_kv);
 
   RowIO io[kMacroRows];
-  RowBounds rb[kMacroRows];
-  RowSet micro[kMacroRows / kRows];
+  g3_row_bounds rb[kMacroRows];
+  g3_row_set micro[kMacroRows / kRows];
   for (size_t r0 = 0; r0 < rows; r0 += kMacroRows) {
     const size_t nrows = rows - r0 < kMacroRows ? rows - r0 : kMacroRows;
     const size_t nmicro = (nrows + R - 1) / R;
-    RowSet all{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+    g3_row_set all = g3_row_set_empty();
     for (size_t u = 0; u < nmicro; ++u) {
-      RowSet rs{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+      g3_row_set rs = g3_row_set_empty();
       for (size_t r = 0; r < R; ++r) {
         const size_t i = u * R + r;
         float* qt = Qt + u * H * R + r;
@@ -486,29 +465,23 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const Til
           io[i] = RowAt<kG>(a, r0 + i);
           rb[i] = io[i].b;
           for (size_t h = 0; h < H; ++h) qt[h * R] = io[i].q[h];
-          rs.hi_min = rb[i].hi < rs.hi_min ? rb[i].hi : rs.hi_min;
-          rs.hi_max = rb[i].hi > rs.hi_max ? rb[i].hi : rs.hi_max;
-          rs.lo_min = rb[i].lo < rs.lo_min ? rb[i].lo : rs.lo_min;
-          rs.lo_max = rb[i].lo > rs.lo_max ? rb[i].lo : rs.lo_max;
+          g3_row_set_add(&rs, rb[i]);
         } else {
           // Padding rows of the last register tile: zero queries that see
           // nothing; computed, never stored.
-          rb[i] = RowBounds{INT32_MAX, INT32_MIN};
+          rb[i] = g3_bounds_none();
           for (size_t h = 0; h < H; ++h) qt[h * R] = 0.0f;
         }
         m[i] = kNegBig;
         l[i] = 0.0f;
       }
       micro[u] = rs;
-      all.hi_min = rs.hi_min < all.hi_min ? rs.hi_min : all.hi_min;
-      all.hi_max = rs.hi_max > all.hi_max ? rs.hi_max : all.hi_max;
-      all.lo_min = rs.lo_min < all.lo_min ? rs.lo_min : all.lo_min;
-      all.lo_max = rs.lo_max > all.lo_max ? rs.lo_max : all.lo_max;
+      g3_row_set_merge(&all, &rs);
     }
     memset(O, 0, nmicro * R * H * sizeof(float));
 
     for (size_t k = 0; k < ntiles; ++k) {
-      if (Classify(info[k], all) == kSkip) continue;
+      if (g3_classify(&info[k], &all) == G3_TILE_SKIP) continue;
       const size_t s0 = k * kBk;
       const size_t nk = size_t(a->S) - s0 < kBk ? size_t(a->S) - s0 : kBk;
       // Widen and transpose the key tile: Kt[h][s]; slots past S are zero.
@@ -532,20 +505,27 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const Til
           for (size_t s = nb; s < 16; ++s) dst[s] = 0.0f;
         }
       }
-      // Values: f32 are read in place; bf16 are widened once per tile here
-      // rather than once per register tile.
-      const float* Vt = static_cast<const float*>(a->v) + (kKV == G3_DTYPE_F32 ? s0 * H : 0);
+      // Values: f32 are read in place when every slot is valid; bf16 are
+      // widened once per tile here rather than once per register tile;
+      // invalid slots are zeroed either way (CleanValues).
+      const float* Vt = static_cast<const float*>(a->v) + s0 * H;
       if constexpr (kKV == G3_DTYPE_BF16) {
-        for (size_t i = 0; i < nk * H; i += hn::Lanes(d))
-          hn::Store(LoadKV<G3_DTYPE_BF16>(d, a->v, s0 * H + i), d, Vf + i);
+        const uint16_t* vb = static_cast<const uint16_t*>(a->v) + s0 * H;
+        for (size_t s = 0; s < nk; ++s) {
+          const bool ok = a->kvalid[s0 + s] != 0;
+          for (size_t h = 0; h < H; h += hn::Lanes(d))
+            hn::Store(ok ? LoadKV<G3_DTYPE_BF16>(d, vb, s * H + h) : hn::Zero(d), d, Vf + s * H + h);
+        }
         Vt = Vf;
+      } else if (!info[k].all) {
+        Vt = static_cast<const float*>(CleanValues<G3_DTYPE_F32>(a, s0, nk, H, Vf));
       }
       TileMaskData(a, k, kp, kv);
       for (size_t u = 0; u < nmicro; ++u) {
-        const TileClass c = Classify(info[k], micro[u]);
-        if (c == kSkip) continue;
+        const int c = g3_classify(&info[k], &micro[u]);
+        if (c == G3_TILE_SKIP) continue;
         QKTile<R>(dk, Qt + u * H * R, Kt, H, S);
-        SoftmaxTile(dk, R, kBk, S, c == kFull, kp, kv, rb + u * R, m + u * R, l + u * R, corr);
+        SoftmaxTile(dk, R, kBk, S, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
         PVTile<R, 2, G3_DTYPE_F32>(d, S, corr, Vt, nk, H, O + u * R * H);
       }
     }
@@ -624,39 +604,38 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
 }
 
 template <size_t NR, int kDH, int kG, int kKV, class D>
-HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const TileInfo* info, size_t ntiles) {
+HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const g3_tile_info* info,
+                                  size_t ntiles) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
   static thread_local Scratch scratch;
-  float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk);
+  constexpr size_t kDk = 16;  // keys per sub-block (below); a multiple of every target's lane count
+  float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk + kDk * H);
   float* S = O + NR * H;
   int32_t* kp = reinterpret_cast<int32_t*>(S + NR * kBk);
   int32_t* kv = kp + kBk;
+  float* Vclean = reinterpret_cast<float*>(kv + kBk);
   RowIO io[NR];
-  RowBounds rb[NR];
+  g3_row_bounds rb[NR];
   const float* q[NR];
   float m[NR], l[NR], corr[NR];
-  RowSet rs{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+  g3_row_set rs = g3_row_set_empty();
   for (size_t r = 0; r < NR; ++r) {
     io[r] = RowAt<kG>(a, row0 + r);
     rb[r] = io[r].b;
     q[r] = io[r].q;
     m[r] = kNegBig;
     l[r] = 0.0f;
-    rs.hi_min = rb[r].hi < rs.hi_min ? rb[r].hi : rs.hi_min;
-    rs.hi_max = rb[r].hi > rs.hi_max ? rb[r].hi : rs.hi_max;
-    rs.lo_min = rb[r].lo < rs.lo_min ? rb[r].lo : rs.lo_min;
-    rs.lo_max = rb[r].lo > rs.lo_max ? rb[r].lo : rs.lo_max;
+    g3_row_set_add(&rs, rb[r]);
   }
   memset(O, 0, NR * H * sizeof(float));
   // Tiles are classified as in prefill, then streamed in sub-blocks of kDk
   // keys: a sub-block's K and V rows (2 x kDk x H elements) stay in L1
   // between the logits and P.V, so each is read from memory exactly once.
-  constexpr size_t kDk = 16;  // a multiple of every target's lane count
   for (size_t k = 0; k < ntiles; ++k) {
-    const TileClass c = Classify(info[k], rs);
-    if (c == kSkip) continue;
-    if (c != kFull) TileMaskData(a, k, kp, kv);
+    const int c = g3_classify(&info[k], &rs);
+    if (c == G3_TILE_SKIP) continue;
+    if (c != G3_TILE_FULL) TileMaskData(a, k, kp, kv);
     const size_t t0 = k * kBk;
     const size_t nt = size_t(a->S) - t0 < kBk ? size_t(a->S) - t0 : kBk;
     for (size_t b = 0; b < nt; b += kDk) {
@@ -676,9 +655,10 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
         }
       }
       DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, S);
-      SoftmaxTile(dk, NR, kDk, S, c == kFull, kp + b, kv + b, rb, m, l, corr);
-      const void* V = kKV == G3_DTYPE_F32 ? static_cast<const void*>(static_cast<const float*>(a->v) + s0 * H)
-                                          : static_cast<const void*>(static_cast<const uint16_t*>(a->v) + s0 * H);
+      SoftmaxTile(dk, NR, kDk, S, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
+      const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
+                                                             s0 * H * (kKV == G3_DTYPE_F32 ? 4 : 2))
+                                  : CleanValues<kKV>(a, s0, nk, H, Vclean);
       DecodePV<NR, kKV>(d, S, corr, V, nk, H, O);
     }
   }
@@ -687,7 +667,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
 }
 
 template <int kDH, int kG, int kKV, class D>
-HWY_INLINE void CoreDecode(D d, const g3_core_args* a, size_t rows, const TileInfo* info, size_t ntiles) {
+HWY_INLINE void CoreDecode(D d, const g3_core_args* a, size_t rows, const g3_tile_info* info, size_t ntiles) {
   size_t r = 0;
   for (; r + 4 <= rows; r += 4) CoreDecodeGroup<4, kDH, kG, kKV>(d, a, r, info, ntiles);
   switch (rows - r) {
@@ -712,8 +692,9 @@ HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
   }
   static thread_local Scratch scratch;
   const size_t ntiles = (size_t(a->S) + kBk - 1) / kBk;
-  TileInfo* info = reinterpret_cast<TileInfo*>(scratch.Get(ntiles * (sizeof(TileInfo) / sizeof(float) + 1)));
-  TileInfos(a, ntiles, info);
+  g3_tile_info* info =
+      reinterpret_cast<g3_tile_info*>(scratch.Get(ntiles * (sizeof(g3_tile_info) / sizeof(float) + 1)));
+  for (size_t k = 0; k < ntiles; ++k) info[k] = g3_tile_info_of(a, int64_t(k * kBk), int64_t(kBk));
   if (rows <= kDecodeRows) {
     CoreDecode<kDH, kG, kKV>(d, a, rows, info, ntiles);
   } else {

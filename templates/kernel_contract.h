@@ -18,13 +18,27 @@
  * (j * cache_head_stride + s) * head_dim. Elements are f32 or bf16
  * (upper 16 bits of an f32, round-to-nearest-even when written).
  *
- * Structured mask (DESIGN.md "Masks"): key slot s is visible to query t iff
- *   kvalid[s] != 0  &&  kpos[s] <= qpos[t]
- *   && (window == 0 || qpos[t] - kpos[s] < window)      (int64 arithmetic)
- * For the official layouts this equals the caller mask AND the sliding mask
- * of SPEC 1.4. A query with no visible key gets an all-zero output and
- * lse = -inf (the block reference keeps the official uniform average; such
- * rows are don't-care).
+ * Structured mask (DESIGN.md "Masks"; implemented once, in mask_rule.h):
+ * key slot s is visible to query t iff
+ *   kvalid[s] != 0
+ *   && causal(t, s)
+ *   && (window == 0 || |qpos[t] - kpos[s]| < window)     (int64 arithmetic)
+ * where causal(t, s) is, by g3_core_args::causal,
+ *   G3_CAUSAL_POSITIONS:  kpos[s] <= qpos[t]
+ *   G3_CAUSAL_SLOTS:      s <= t + causal_offset
+ * SPEC 1.4 and 1.6: in the official code causality comes from the caller's
+ * mask (slot order), never from positions; positions only feed RoPE and the
+ * sliding window, which is symmetric. A call whose keys are its own tokens
+ * (no cache) uses G3_CAUSAL_SLOTS, so packed documents, repeated positions,
+ * gaps and decreasing positions all mean what they mean officially. A KV
+ * cache whose real tokens have strictly increasing positions per row (the
+ * runtime's caches refuse anything else) may use G3_CAUSAL_POSITIONS: there
+ * position order is arrival order, so the two rules agree, and a ring buffer
+ * need not keep its slots in order. Slots with kvalid == 0 never touch an
+ * output, whatever bits they hold (NaN and Inf included).
+ * A query with no visible key gets an all-zero output and lse = -inf (the
+ * block reference keeps the official uniform average; such rows are
+ * don't-care).
  */
 #ifndef G3ATTN_KERNEL_CONTRACT_H_
 #define G3ATTN_KERNEL_CONTRACT_H_
@@ -36,6 +50,8 @@ extern "C" {
 #endif
 
 enum { G3_DTYPE_F32 = 0, G3_DTYPE_BF16 = 1 };
+/* g3_core_args::causal; zero-initialised arguments mean G3_CAUSAL_POSITIONS. */
+enum { G3_CAUSAL_POSITIONS = 0, G3_CAUSAL_SLOTS = 1 };
 
 /* Packed projection weights: output columns are grouped in panels of
  * G3_PANEL. Panel p holds, for k = 0..K-1 in order, the G3_PANEL values
@@ -91,6 +107,8 @@ typedef struct g3_core_args {
   int32_t group;           /* G = N / Nkv */
   int32_t window;          /* W on local layers, 0 on global layers */
   int32_t kv_dtype;
+  int32_t causal;          /* G3_CAUSAL_POSITIONS or G3_CAUSAL_SLOTS (see the mask above) */
+  int64_t causal_offset;   /* G3_CAUSAL_SLOTS: query t sees slots s <= t + causal_offset */
 } g3_core_args;
 
 /* Steps A and J: c[m][n] = sum_k a[m][k] * W[n][k] for m < M, n_begin <= n < n_end.

@@ -399,7 +399,6 @@ void Emitter::emit_core() {
   Value* T = field(a, offsetof(A, T), i64);
   Value* q = field(a, offsetof(A, q), ptr);
   Value* qs = field(a, offsetof(A, q_stride), i64);
-  Value* qpos = field(a, offsetof(A, qpos), ptr);
   Value* K = field(a, offsetof(A, k), ptr);
   Value* V = field(a, offsetof(A, v), ptr);
   Value* S = field(a, offsetof(A, S), i64);
@@ -409,10 +408,12 @@ void Emitter::emit_core() {
   Value* os = field(a, offsetof(A, out_stride), i64);
   Value* lse = field(a, offsetof(A, lse), ptr);
 
-  const int G = key_.group, W = key_.window, TK = tiling_.tk;
+  const int G = key_.group, TK = tiling_.tk;
   const int TQmax = tiling_.tq;
   const int SB = std::min(4, TK);
   FunctionCallee log_fn = M.getOrInsertFunction(kLogHelper, FunctionType::get(f64, {f64}, false));
+  FunctionCallee bounds_fn =
+      M.getOrInsertFunction(kBoundsHelper, FunctionType::get(Type::getVoidTy(C), {ptr, i64, ptr}, false));
   const float NEG_INF = -INFINITY;
 
   // Scratch sized for the largest tile; shared by both tile shapes.
@@ -423,9 +424,16 @@ void Emitter::emit_core() {
   Value* Lrow = alloca_(f32, Rmax);
   Value* Scl = alloca_(f32, Rmax);
   Value* qrow = alloca_(ptr, Rmax, 8);
-  Value* qprow = alloca_(i64, Rmax, 8);
-  Value* qmin_a = alloca_(i64, 1, 8);
-  Value* qmax_a = alloca_(i64, 1, 8);
+  // Per row, the structured mask as bounds (mask_rule.h, through the
+  // bounds helper): visible iff valid, lo <= kpos <= hi and slot <= smax;
+  // and the extremes over the tile's rows, to skip whole key tiles.
+  Value* lorow = alloca_(i64, Rmax, 8);
+  Value* hirow = alloca_(i64, Rmax, 8);
+  Value* smrow = alloca_(i64, Rmax, 8);
+  Value* bounds = alloca_(i64, 2, 8);  // a g3_row_bounds: {i32 lo, i32 hi}, i64 smax
+  Value* lomin_a = alloca_(i64, 1, 8);
+  Value* himax_a = alloca_(i64, 1, 8);
+  Value* smmax_a = alloca_(i64, 1, 8);
   Value* kp_t = alloca_(i32, TK);
   Value* kv_t = alloca_(i32, TK);
   Value* kslot = alloca_(i64, TK, 8);
@@ -447,25 +455,34 @@ void Emitter::emit_core() {
     // Tokens past T (a partial last tile) are clamped to T - 1: they redo
     // that token's work and are not stored, which is cheaper than running
     // the tail token by token.
-    b.CreateStore(c64(INT64_MAX), qmin_a);
-    b.CreateStore(c64(INT64_MIN), qmax_a);
+    b.CreateStore(c64(INT64_MAX), lomin_a);
+    b.CreateStore(c64(INT64_MIN), himax_a);
+    b.CreateStore(c64(INT64_MIN), smmax_a);
     for_(c64(0), c64(TQ), 1, [&](Value* tt) {
       Value* tok = b.CreateAdd(t0, tt);
       tok = b.CreateSelect(b.CreateICmpSLT(tok, T), tok, b.CreateSub(T, c64(1)));
-      Value* p = b.CreateSExt(b.CreateLoad(i32, b.CreateInBoundsGEP(i32, qpos, tok)), i64);
-      Value* qmin = b.CreateLoad(i64, qmin_a), *qmax = b.CreateLoad(i64, qmax_a);
-      b.CreateStore(b.CreateSelect(b.CreateICmpSLT(p, qmin), p, qmin), qmin_a);
-      b.CreateStore(b.CreateSelect(b.CreateICmpSGT(p, qmax), p, qmax), qmax_a);
+      b.CreateCall(bounds_fn, {a, tok, bounds});
+      Value* lo = b.CreateSExt(b.CreateLoad(i32, bounds), i64);
+      Value* hi = b.CreateSExt(b.CreateLoad(i32, b.CreateConstInBoundsGEP1_64(i32, bounds, 1)), i64);
+      Value* sm = b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, bounds, 1));
+      Value* lomin = b.CreateLoad(i64, lomin_a), *himax = b.CreateLoad(i64, himax_a),
+            *smmax = b.CreateLoad(i64, smmax_a);
+      b.CreateStore(b.CreateSelect(b.CreateICmpSLT(lo, lomin), lo, lomin), lomin_a);
+      b.CreateStore(b.CreateSelect(b.CreateICmpSGT(hi, himax), hi, himax), himax_a);
+      b.CreateStore(b.CreateSelect(b.CreateICmpSGT(sm, smmax), sm, smmax), smmax_a);
       for (int g = 0; g < G; ++g) {
         Value* r = b.CreateAdd(b.CreateMul(tt, c64(G)), c64(g));
         Value* qp = gepf(q, b.CreateAdd(b.CreateMul(tok, qs), c64(int64_t(g) * H)));
         b.CreateStore(qp, b.CreateInBoundsGEP(ptr, qrow, r));
-        b.CreateStore(p, b.CreateInBoundsGEP(i64, qprow, r));
+        b.CreateStore(lo, b.CreateInBoundsGEP(i64, lorow, r));
+        b.CreateStore(hi, b.CreateInBoundsGEP(i64, hirow, r));
+        b.CreateStore(sm, b.CreateInBoundsGEP(i64, smrow, r));
         b.CreateStore(cf(NEG_INF), gepf(Mrow, r));
         b.CreateStore(cf(0.f), gepf(Lrow, r));
       }
     });
-    Value* qmin = b.CreateLoad(i64, qmin_a), *qmax = b.CreateLoad(i64, qmax_a);
+    Value* lomin = b.CreateLoad(i64, lomin_a), *himax = b.CreateLoad(i64, himax_a),
+          *smmax = b.CreateLoad(i64, smmax_a);
     for_(c64(0), c64(int64_t(R) * NV), 1, [&](Value* i) {
       storev(splatf(VL, 0.f), gepf(Oacc, b.CreateMul(i, c64(VL))));
     });
@@ -492,11 +509,13 @@ void Emitter::emit_core() {
         b.CreateStore(b.CreateSelect(b.CreateAnd(ok, b.CreateICmpSGT(kp64, kmax)), kp64, kmax), kmax_a);
         b.CreateStore(b.CreateOr(b.CreateLoad(i1, any_a), ok), any_a);
       });
-      // Tile skipping: no valid slot, every key in the future of every
-      // query, or (local) every key out of every query's window.
+      // Tile skipping, as g3_classify decides G3_TILE_SKIP: no valid slot,
+      // or every valid key above every row's hi, below every row's lo, or
+      // past every row's last slot.
       Value* kmin = b.CreateLoad(i64, kmin_a), *kmax = b.CreateLoad(i64, kmax_a);
-      Value* live = b.CreateAnd(b.CreateLoad(i1, any_a), b.CreateICmpSLE(kmin, qmax));
-      if (W > 0) live = b.CreateAnd(live, b.CreateICmpSLT(b.CreateSub(qmin, kmax), c64(W)));
+      Value* live = b.CreateAnd(b.CreateLoad(i1, any_a), b.CreateICmpSLE(kmin, himax));
+      live = b.CreateAnd(live, b.CreateICmpSGE(kmax, lomin));
+      live = b.CreateAnd(live, b.CreateICmpSLE(s0, smmax));
       if_(live, [&] {
         // ---- S = Q K^T: RB rows x SB keys per block, VL-wide partial sums.
         for_(c64(0), c64(R), RB, [&](Value* rb) {
@@ -545,11 +564,17 @@ void Emitter::emit_core() {
         Type* vl64 = FixedVectorType::get(i64, TK);
         Value* kpv = b.CreateSExt(b.CreateAlignedLoad(vi, kp_t, Align(4)), vl64);
         Value* kvv = b.CreateICmpNE(b.CreateAlignedLoad(vi, kv_t, Align(4)), ConstantInt::get(vi, 0));
+        std::vector<Constant*> iota;
+        for (int j = 0; j < TK; ++j) iota.push_back(ConstantInt::get(i64, j));
+        Value* slotv = b.CreateAdd(b.CreateVectorSplat(TK, s0), ConstantVector::get(iota));
         for_(c64(0), c64(R), 1, [&](Value* r) {
-          Value* qp = b.CreateLoad(i64, b.CreateInBoundsGEP(i64, qprow, r));
-          Value* qpv = b.CreateVectorSplat(TK, qp);
-          Value* vis = b.CreateAnd(kvv, b.CreateICmpSLE(kpv, qpv));
-          if (W > 0) vis = b.CreateAnd(vis, b.CreateICmpSLT(b.CreateSub(qpv, kpv), ConstantInt::get(vl64, W)));
+          // g3_visible: valid, lo <= kpos <= hi, slot <= smax.
+          Value* lov = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, lorow, r)));
+          Value* hiv = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, hirow, r)));
+          Value* smv = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, smrow, r)));
+          Value* vis = b.CreateAnd(kvv, b.CreateICmpSLE(kpv, hiv));
+          vis = b.CreateAnd(vis, b.CreateICmpSGE(kpv, lov));
+          vis = b.CreateAnd(vis, b.CreateICmpSLE(slotv, smv));
           Value* prow = gepf(Pbuf, b.CreateMul(r, c64(TK)));
           Value* l = b.CreateSelect(vis, loadv(prow, TK), splatf(TK, NEG_INF));
           Value* mt = hreduce(l, true);

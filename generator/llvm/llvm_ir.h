@@ -16,7 +16,7 @@ namespace g3::llvmjit {
 
 // Bump whenever the emitted IR changes: it is part of every on-disk cache
 // entry's identity, so old objects are never reused by a newer generator.
-constexpr int kGeneratorVersion = 3;
+constexpr int kGeneratorVersion = 4;
 
 // Names of the emitted functions (each object lives in its own JITDylib, so
 // the names are the same for every key).
@@ -24,9 +24,12 @@ constexpr const char* kQkName = "g3_llvm_qk";
 constexpr const char* kCoreName = "g3_llvm_core";
 // Helpers the JIT'd code calls, defined in llvm_jit.cc and registered as
 // absolute symbols: the per-token RoPE cos/sin table (double precision, as
-// SPEC 2.2 and the reference do it) and the natural log for lse.
+// SPEC 2.2 and the reference do it), the natural log for lse, and the
+// structured mask's bounds of a query row.
 constexpr const char* kRopeHelper = "g3_llvm_rope_table";
 constexpr const char* kLogHelper = "g3_llvm_log";
+// The structured mask's row bounds (templates/mask_rule.h): g3_bounds_of.
+constexpr const char* kBoundsHelper = "g3_llvm_row_bounds";
 
 struct IrTarget {
   std::string cpu;       // "target-cpu" attribute

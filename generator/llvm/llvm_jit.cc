@@ -40,6 +40,7 @@
 #include "jit_cache.h"
 #include "llvm_backend.h"
 #include "llvm_ir.h"
+#include "mask_rule.h"
 
 // Helpers the JIT'd code calls (registered as absolute symbols).
 extern "C" {
@@ -54,6 +55,9 @@ static void g3_llvm_rope_table(int64_t pos, const double* timescale, int64_t hal
   }
 }
 static double g3_llvm_log(double x) { return std::log(x); }
+// The structured mask's bounds of query token t (mask_rule.h, the one copy
+// of the rule): the emitted core compares stored positions and slots with them.
+static void g3_llvm_row_bounds(const g3_core_args* a, int64_t t, g3_row_bounds* out) { *out = g3_bounds_of(a, t); }
 }
 
 namespace g3 {
@@ -234,6 +238,8 @@ Linked link_object(const llvm::SmallVector<char, 0>& obj, std::string* err) {
   helpers[j.lljit->mangleAndIntern(llvmjit::kRopeHelper)] = {
       llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_rope_table), flags};
   helpers[j.lljit->mangleAndIntern(llvmjit::kLogHelper)] = {llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_log), flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kBoundsHelper)] = {
+      llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_row_bounds), flags};
   auto remove = [&es, d] {
     if (auto e = es.removeJITDylib(*d)) llvm::consumeError(std::move(e));
   };

@@ -99,17 +99,13 @@ struct Buf {
   }
 };
 
-struct BlockInfo {
-  int64_t kmin, kmax;
-  bool any, all;
-};
-
 struct Scratch {
   Buf<uint32_t> q, kt, vp, kpad, vpad;
   Buf<float> s, p, o, m, l, corr;
   Buf<uint16_t> pb;
   std::vector<uint8_t> kt_done, vp_done;
-  std::vector<BlockInfo> blocks;
+  std::vector<g3_tile_info> blocks;
+  std::vector<g3_row_bounds> rows;
 };
 
 // Transposes key block b into kt: sub-tile st, depth d, key k at
@@ -223,29 +219,18 @@ constexpr int64_t kDirectRows = 8;
 
 static void core(const CoreContext* ctx, const g3_core_args* a) {
   const CoreConfig& c = ctx->cfg;
-  const int64_t T = a->T, S = a->S, dh = c.head_dim, G = c.group, W = a->window;
+  const int64_t T = a->T, S = a->S, dh = c.head_dim, G = c.group;
   const int kb = c.kb, depth = c.qk_depth();
   if (T <= 0) return;
   static thread_local Scratch sc;
 
-  // Key blocks: the position range of their valid slots, so a whole block
-  // can be classified against a query tile in O(1).
+  // Key blocks summarised (mask_rule.h), so a whole block can be classified
+  // against a query tile in O(1).
   const int64_t nblocks = (S + kb - 1) / kb;
   sc.blocks.resize(size_t(nblocks));
-  for (int64_t b = 0; b < nblocks; ++b) {
-    BlockInfo& bi = sc.blocks[size_t(b)];
-    const int64_t k0 = b * kb, k1 = std::min(S, k0 + kb);
-    bi = {INT64_MAX, INT64_MIN, false, k1 - k0 == kb};
-    for (int64_t s = k0; s < k1; ++s) {
-      if (!a->kvalid[s]) {
-        bi.all = false;
-        continue;
-      }
-      bi.any = true;
-      bi.kmin = std::min<int64_t>(bi.kmin, a->kpos[s]);
-      bi.kmax = std::max<int64_t>(bi.kmax, a->kpos[s]);
-    }
-  }
+  for (int64_t b = 0; b < nblocks; ++b) sc.blocks[size_t(b)] = g3_tile_info_of(a, b * kb, kb);
+  sc.rows.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) sc.rows[size_t(t)] = g3_bounds_of(a, t);
 
   const int64_t Tq = std::max<int64_t>(1, c.q_tile_rows / G);
   const int64_t ntiles = (T + Tq - 1) / Tq;
@@ -281,10 +266,9 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   for (int64_t t0 = 0; t0 < T; t0 += Tq) {
     const int64_t nt = std::min(Tq, T - t0), R = nt * G;
     const bool direct = ctx->qk_direct && R <= kDirectRows;
-    int64_t qmin = INT64_MAX, qmax = INT64_MIN;
+    g3_row_set rs = g3_row_set_empty();
     for (int64_t t = 0; t < nt; ++t) {
-      qmin = std::min<int64_t>(qmin, a->qpos[t0 + t]);
-      qmax = std::max<int64_t>(qmax, a->qpos[t0 + t]);
+      g3_row_set_add(&rs, sc.rows[size_t(t0 + t)]);
       for (int64_t g = 0; g < G; ++g) {
         const float* src = a->q + (t0 + t) * a->q_stride + g * dh;
         const int64_t r = t * G + g;
@@ -296,11 +280,10 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
     for (int64_t r = 0; r < R; ++r) m[r] = ninf, l[r] = 0;
 
     for (int64_t b = 0; b < nblocks; ++b) {
-      const BlockInfo& bi = sc.blocks[size_t(b)];
-      // Hidden for every query of the tile: no valid slot, all keys after
-      // the latest query, or all keys out of the earliest query's window.
-      if (!bi.any || bi.kmin > qmax || (W > 0 && qmin - bi.kmax >= W)) continue;
-      const bool full = bi.all && bi.kmax <= qmin && (W == 0 || qmax - bi.kmin < W);
+      const g3_tile_info& bi = sc.blocks[size_t(b)];
+      const int cls = g3_classify(&bi, &rs);
+      if (cls == G3_TILE_SKIP) continue;  // hidden from every query of the tile
+      const bool full = cls == G3_TILE_FULL;
       const int64_t k0 = b * kb, nk = std::min<int64_t>(kb, S - k0);
 
       // Step E: logits. Few rows (decode): straight from the cache rows, the
@@ -334,14 +317,10 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
       // Step G, structured: hidden logits become -inf (excluded exactly).
       if (!full) {
         for (int64_t t = 0; t < nt; ++t) {
-          const int64_t qp = a->qpos[t0 + t];
+          const g3_row_bounds rb = sc.rows[size_t(t0 + t)];
           for (int64_t k = 0; k < kb; ++k) {
             const int64_t slot = k0 + k;
-            bool vis = false;
-            if (slot < S && a->kvalid[slot]) {
-              const int64_t kp = a->kpos[slot];
-              vis = kp <= qp && (W == 0 || qp - kp < W);
-            }
+            const bool vis = slot < S && g3_visible(rb, slot, a->kpos[slot], a->kvalid[slot]);
             if (!vis)
               for (int64_t g = 0; g < G; ++g) s[(t * G + g) * kb + k] = ninf;
           }

@@ -2,7 +2,6 @@
 // serve for a key on this CPU under an ISA cap, and the kernels themselves.
 // Only the attention core is JIT'd; the other stages stay null so the
 // registry takes them from Highway.
-#include <cstdlib>
 #include <string>
 #include <xbyak/xbyak_util.h>
 
@@ -28,13 +27,6 @@ struct HostCpu {
 const HostCpu& host() {
   static const HostCpu h;
   return h;
-}
-
-// G3ATTN_XBYAK_BF16DOT=0 turns the vdpbf16ps path off (to compare it with
-// the widening path in `g3attn bench`).
-bool bf16_dot_env_allows() {
-  const char* e = std::getenv("G3ATTN_XBYAK_BF16DOT");
-  return !(e && std::string(e) == "0");
 }
 
 }  // namespace
@@ -92,8 +84,7 @@ bool plan(const KernelKey& key, const std::string& cap, const Options& opt, Core
     return fail("head_dim " + std::to_string(key.head_dim) + " is not a multiple of " + std::to_string(vl) +
                 " (the vector width in f32) up to 4096");
   if (key.group < 1 || key.group > 256) return fail("group " + std::to_string(key.group) + " outside 1..256");
-  const bool dot = key.kv_dtype == DType::BF16 && isa == Isa::Avx512 && host().bf16 && opt.allow_bf16_dot &&
-                   bf16_dot_env_allows();
+  const bool dot = key.kv_dtype == DType::BF16 && isa == Isa::Avx512 && host().bf16 && opt.allow_bf16_dot;
   *cfg = CoreConfig::make(key, isa, dot);
   return true;
 }

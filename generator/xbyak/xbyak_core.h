@@ -13,7 +13,6 @@
 //   G3ATTN_XBYAK_DUMP=DIR   write the raw bytes of every emitted kernel to
 //                           DIR/<key>_<isa>[_dpbf16]_<kernel>.bin; disassemble with
 //                           objdump -D -b binary -mi386:x86-64 -M intel FILE
-//   G3ATTN_XBYAK_BF16DOT=0  bf16 K/V: widen to f32 instead of using vdpbf16ps
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -22,6 +21,7 @@
 #include "backend_api.h"
 #include "kernel_contract.h"
 #include "kernel_key.h"
+#include "mask_rule.h"
 
 namespace g3::xbyak {
 
@@ -96,7 +96,10 @@ size_t core_code_bytes(const CoreKernels& k);
 
 // What the backend decides for a (key, cap): the config or why not.
 struct Options {
-  bool allow_bf16_dot = true;  // tests turn this off to exercise the widening path on bf16 KV
+  // vdpbf16ps on bf16 K/V rounds q and the softmax weights to bf16 as well:
+  // a numerics mode of its own (bf16 compute), never the meaning of bf16 KV
+  // storage, so the backend's public entry points leave it off.
+  bool allow_bf16_dot = false;
 };
 bool plan(const KernelKey& key, const std::string& isa_cap, const Options& opt, CoreConfig* cfg, std::string* why);
 // xbyak_kernels with options (the public entry point uses the defaults).

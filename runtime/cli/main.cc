@@ -21,11 +21,13 @@ Commands:
 
 Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), auto (default).
-  auto picks, per kernel key, the backend `g3attn bench` measured fastest here: highway
-  for f32 KV; xbyak (its vdpbf16ps core) for bf16 KV where the ISA cap is avx3/avx3_dl
-  and the CPU has AVX512_BF16, else highway. Stages xbyak does not provide
-  (QK-norm/RoPE, projections, norms) run on highway. An unavailable llvm or xbyak
-  request falls back to highway and `plan` shows why.
+  auto (the default) takes highway: every backend computes the same numerics, and
+  highway was measured fastest or within a few percent of it on Zen 4 and Emerald
+  Rapids. Stages xbyak does not provide (QK-norm/RoPE, projections, norms) run on
+  highway. An unavailable llvm or xbyak request falls back to highway and `plan`
+  shows why.
+KV dtype (--kv-dtype f32|bf16): bf16 stores K and V rounded once to bf16 (nearest
+  even); queries and softmax weights stay f32 on every backend.
 ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
   avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
 
@@ -36,7 +38,6 @@ Environment:
   G3ATTN_LLVM_OPT   LLVM pipeline: O1|O2|O3 (default: a short pass list, as fast and 10x quicker to compile)
   G3ATTN_LLVM_VERBOSE=1   print the IR, optimisation and codegen times per LLVM kernel
   G3ATTN_XBYAK_DUMP=DIR   write each Xbyak kernel's bytes to DIR (objdump -D -b binary -mi386:x86-64)
-  G3ATTN_XBYAK_BF16DOT=0  widen bf16 K/V to f32 instead of using vdpbf16ps
 
 Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
 )";
