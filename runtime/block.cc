@@ -174,9 +174,11 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
   grow(S.a, size_t(R * D));
   grow(S.slot, size_t(R));
 
-  // Slots first (serial, cheap): decides where each real token's K/V goes and
-  // validates positions before any kernel runs.
-  for (int64_t b = 0; b < B; ++b) cache.reserve(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
+  // Slots first (serial, cheap), before any kernel runs: every row is checked
+  // before any row takes a slot, so a refused call leaves the cache as it
+  // was; then each real token gets the slot its K/V goes to.
+  for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
+  for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
 
   // Step 1: pre-norm (SPEC 1.2 / 2.1).
   const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;

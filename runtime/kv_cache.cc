@@ -38,7 +38,6 @@ static std::shared_ptr<uint8_t> alloc_zeroed(size_t bytes) {
 LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk)
     : head_dim_(spec.head_dim),
       kv_heads_(spec.num_kv_heads),
-      window_(spec.window),
       dtype_(dtype),
       batch_(batch),
       context_(context),
@@ -64,27 +63,41 @@ void LayerKvCache::reset() {
   std::fill(last_pos_.begin(), last_pos_.end(), -1);
 }
 
-void LayerKvCache::reserve(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t* slot) {
-  int64_t n_real = 0, last = last_pos_[size_t(b)];
-  for (int64_t t = 0; t < T; ++t) {
-    if (real && !real[t]) continue;
-    if (pos[t] < 0)
-      throw InputError("row " + std::to_string(b) + ": negative position " + std::to_string(pos[t]) +
-                       " for a real token");
-    if (pos[t] <= last)
-      throw InputError("row " + std::to_string(b) + ": position " + std::to_string(pos[t]) +
-                       " does not follow the row's previous real position " + std::to_string(last) +
-                       " (positions of real tokens must increase)");
-    last = pos[t];
-    ++n_real;
+void LayerKvCache::check_append(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t chunk) const {
+  // Messages name the row and the token index in the caller's call, which
+  // for the model is the whole prompt, not one chunk of it.
+  auto where = [&](int64_t t) { return "row " + std::to_string(b) + ", token " + std::to_string(t) + ": "; };
+  if (chunk < 1) chunk = 1;
+  int64_t last = last_pos_[size_t(b)], n_real = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t t1 = std::min(T, t0 + chunk);
+    int64_t n_call = 0;
+    for (int64_t t = t0; t < t1; ++t) {
+      if (real && !real[t]) continue;
+      if (pos[t] < 0) throw InputError(where(t) + "negative position " + std::to_string(pos[t]) + " for a real token");
+      if (pos[t] <= last)
+        throw InputError(where(t) + "position " + std::to_string(pos[t]) +
+                         " does not follow the row's previous real position " + std::to_string(last) +
+                         " (positions of real tokens must increase)");
+      last = pos[t];
+      ++n_call;
+    }
+    // A ring of W + chunk_ - 1 slots is exact only while one block call
+    // writes at most chunk_ real tokens to a row (see the header).
+    if (ring_ && n_call > chunk_)
+      throw InputError(where(t0) + "a block call writes " + std::to_string(n_call) +
+                       " tokens to the row but the local-layer ring was sized for chunks of " +
+                       std::to_string(chunk_));
+    n_real += n_call;
   }
-  int64_t& w = written_[size_t(b)];
+  const int64_t w = written_[size_t(b)];
   if (w + n_real > context_)
-    throw InputError("row " + std::to_string(b) + ": " + std::to_string(w + n_real) +
-                     " tokens exceed the context of " + std::to_string(context_));
-  if (ring_ && n_real > slots_ - window_ + 1)
-    throw InputError("a call writes " + std::to_string(n_real) + " tokens to a row but the local-layer ring was sized for chunks of " +
-                     std::to_string(slots_ - window_ + 1));
+    throw InputError("row " + std::to_string(b) + ": " + std::to_string(w) + " cached and " + std::to_string(n_real) +
+                     " new tokens exceed the context of " + std::to_string(context_));
+}
+
+void LayerKvCache::append(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t* slot) noexcept {
+  int64_t& w = written_[size_t(b)];
   int32_t* kp = pos_.data() + b * slots_;
   uint8_t* kv = valid_.data() + b * slots_;
   for (int64_t t = 0; t < T; ++t) {
@@ -96,9 +109,9 @@ void LayerKvCache::reserve(int64_t b, const int32_t* pos, const uint8_t* real, i
     slot[t] = s;
     kp[s] = pos[t];
     kv[s] = 1;
+    last_pos_[size_t(b)] = pos[t];
     ++w;
   }
-  last_pos_[size_t(b)] = last;
 }
 
 }  // namespace g3

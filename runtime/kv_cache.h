@@ -62,26 +62,41 @@ class LayerKvCache {
   // Sequence b's caches: KV head j starts at element j * capacity() * head_dim.
   void* k(int64_t b) { return k_.get() + size_t(b) * seq_bytes_; }
   void* v(int64_t b) { return v_.get() + size_t(b) * seq_bytes_; }
+  const void* k(int64_t b) const { return k_.get() + size_t(b) * seq_bytes_; }
+  const void* v(int64_t b) const { return v_.get() + size_t(b) * seq_bytes_; }
   const int32_t* kpos(int64_t b) const { return pos_.data() + b * slots_; }
   const uint8_t* kvalid(int64_t b) const { return valid_.data() + b * slots_; }
   // Real tokens written to row b since the last reset.
   int64_t written(int64_t b) const { return written_[size_t(b)]; }
   // Slots 0..used(b)-1 may hold tokens; the rest were never written.
   int64_t used(int64_t b) const { return written_[size_t(b)] < slots_ ? written_[size_t(b)] : slots_; }
+  // Position of row b's last real token, -1 when the row is empty.
+  int64_t last_position(int64_t b) const { return last_pos_[size_t(b)]; }
 
-  // Assigns slots to a call's T tokens of row b: real tokens (real == null or
-  // real[t] != 0) get the next slots in arrival order (ring: modulo the
-  // capacity) and their positions and validity are stored; padding tokens get
-  // slot -1 (not written, so they are never keys). Throws InputError when a
-  // real token's position is negative or not above the row's previous real
-  // position, when the row would exceed the context, or when a ring would have
-  // to hold more new tokens than its chunk allows.
-  void reserve(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t* slot);
+  // Appending is split in two so that a call over many rows (and, in the
+  // model, many chunks and layers) is all or nothing: the caller checks every
+  // row first and appends only when all passed, so a refused call changes
+  // nothing.
+  //
+  // check_append throws InputError unless row b may take these T tokens
+  // (real == null or real[t] != 0 marks a real token; padding is never
+  // written), given that they arrive in block calls of at most `chunk`
+  // tokens: every real token's position is non-negative and above the
+  // previous real one (the row's last cached position first), the row stays
+  // within the context, and no block call brings a ring more real tokens
+  // than the chunk it was sized for. It changes nothing.
+  void check_append(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t chunk) const;
+  // Assigns slots to one block call's T tokens of row b, which check_append
+  // must have accepted (alone, or as part of a longer call): real tokens get
+  // the next slots in arrival order (ring: modulo the capacity) and their
+  // positions and validity are stored; padding tokens get slot -1 (not
+  // written, so they are never keys).
+  void append(int64_t b, const int32_t* pos, const uint8_t* real, int64_t T, int64_t* slot) noexcept;
 
   void reset();  // every row empty
 
  private:
-  int head_dim_ = 0, kv_heads_ = 0, window_ = 0;
+  int head_dim_ = 0, kv_heads_ = 0;
   DType dtype_ = DType::F32;
   int64_t batch_ = 0, context_ = 0, slots_ = 0, chunk_ = 1;
   bool ring_ = false;

@@ -59,6 +59,14 @@ void Model::clear_timings() { std::fill(layer_ms_.begin(), layer_ms_.end(), 0.0)
 
 void Model::forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y) {
   const int64_t B = opt_.batch, D = cfg_.hidden_size;
+  // All or nothing: chunks run one after another through every layer, so a
+  // chunk refused halfway would leave the earlier chunks (and, within a
+  // chunk, the earlier layers) cached. Every layer's cache therefore checks
+  // the whole call, every row split into the chunks below, before the first
+  // chunk runs; the per-call checks inside run_block_cached then always pass.
+  for (const LayerKvCache& c : caches_)
+    for (int64_t b = 0; b < B; ++b)
+      c.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, opt_.chunk);
   for (int64_t t0 = 0; t0 < T; t0 += opt_.chunk) {
     const int64_t Tc = std::min(opt_.chunk, T - t0);
     cur_.resize(size_t(B * Tc * D));

@@ -52,7 +52,10 @@ class Model {
 
   // T new tokens per row through every layer: x and y [B][T][D] (may alias),
   // positions [B][T], real [B][T] (null: all real; 0 = padding). Calls with
-  // more than `chunk` tokens run as consecutive chunks.
+  // more than `chunk` tokens run as consecutive chunks. A call the caches
+  // refuse (LayerKvCache::check_append: positions, context, ring size) throws
+  // InputError before any layer runs, so every cache is left as it was and
+  // the model may go on with good input.
   void forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y);
 
   // Milliseconds spent in each layer since construction (or clear_timings).

@@ -5,13 +5,18 @@
 // into KV chunks, and padded batches (right padding with position gaps as the
 // official sampler lays them out, and left padding). The official side is
 // ref::block with a full-length ref::Cache and the official dense masks.
+// Also: appends are all or nothing, for a batch, a chunked prompt and a
+// single block call (at the end of the file).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "errors.h"
+#include "isa.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "reference.h"
@@ -243,35 +248,48 @@ TEST_CASE("LayerKvCache assigns ring slots in arrival order and rejects bad posi
   CHECK(!global.is_ring());
   CHECK(global.bytes() == 2u * 2 * 10 * 16 * 2);
 
+  // One block call: check, then take slots.
   std::vector<int64_t> slot(3);
+  auto reserve = [&](LayerKvCache& c, int64_t b, const int32_t* p, const uint8_t* r, int64_t T) {
+    c.check_append(b, p, r, T, T);
+    c.append(b, p, r, T, slot.data());
+  };
   const int32_t p1[3] = {0, 1, 2};
   const uint8_t r1[3] = {1, 0, 1};
-  local.reserve(0, p1, r1, 3, slot.data());
+  reserve(local, 0, p1, r1, 3);
   CHECK(slot == std::vector<int64_t>{0, -1, 1});
   CHECK(local.kvalid(0)[1] == 1);
   CHECK(local.kvalid(0)[2] == 0);
   CHECK(local.kpos(0)[1] == 2);
+  CHECK(local.last_position(0) == 2);
   for (int32_t p = 3; p < 10; ++p) {
-    local.reserve(0, &p, nullptr, 1, slot.data());
+    reserve(local, 0, &p, nullptr, 1);
     CHECK(slot[0] == (p - 1) % 6);
   }
   CHECK(local.written(0) == 9);
   CHECK(local.used(0) == 6);
   CHECK(local.written(1) == 0);  // rows are independent
+  CHECK(local.last_position(1) == -1);
 
   const int32_t back[1] = {5};
-  CHECK_THROWS_AS(local.reserve(0, back, nullptr, 1, slot.data()), InputError);
+  CHECK_THROWS_AS(local.check_append(0, back, nullptr, 1, 1), InputError);
   const int32_t neg[1] = {-1};
-  CHECK_THROWS_AS(local.reserve(1, neg, nullptr, 1, slot.data()), InputError);
-  const int32_t four[4] = {20, 21, 22, 23};
-  slot.resize(4);
-  CHECK_THROWS_AS(local.reserve(1, four, nullptr, 4, slot.data()), InputError);  // more than one chunk
-  for (int32_t p = 0; p < 10; ++p) global.reserve(0, &p, nullptr, 1, slot.data());
+  CHECK_THROWS_AS(local.check_append(1, neg, nullptr, 1, 1), InputError);
+  // Six tokens fit the ring as two block calls of three, not as one call.
+  const int32_t six[6] = {20, 21, 22, 23, 24, 25};
+  CHECK_NOTHROW(local.check_append(1, six, nullptr, 6, 3));
+  CHECK_THROWS_AS(local.check_append(1, six, nullptr, 6, 6), InputError);
+  // Positions must increase across the calls a check covers, not only within one.
+  const int32_t dip[6] = {20, 21, 22, 22, 24, 25};
+  CHECK_THROWS_AS(local.check_append(1, dip, nullptr, 6, 3), InputError);
+  CHECK(local.written(1) == 0);  // checking changes nothing
+  for (int32_t p = 0; p < 10; ++p) reserve(global, 0, &p, nullptr, 1);
   const int32_t more[1] = {10};
-  CHECK_THROWS_AS(global.reserve(0, more, nullptr, 1, slot.data()), InputError);  // context exceeded
+  CHECK_THROWS_AS(global.check_append(0, more, nullptr, 1, 1), InputError);  // context exceeded
   global.reset();
   CHECK(global.written(0) == 0);
   CHECK(global.kvalid(0)[0] == 0);
+  CHECK(global.last_position(0) == -1);
 }
 
 TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][plan]") {
@@ -302,4 +320,232 @@ TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][pl
   CHECK(t.out.find("ring 10.") != std::string::npos);
   CHECK(t.out.find("full length 62 GiB") != std::string::npos);
   CHECK(g3test::run_g3attn({"plan", "--model", "1b", "--context", "0"}).exit_code == 2);
+}
+
+// ---------------------------------------------------------------------------
+// All-or-nothing appends (issue 10, item 2). A refused call must leave every
+// cache exactly as it was, so that the same caches go on with good input and
+// give, bit for bit, what caches that never saw the refused call give.
+
+namespace {
+
+// Everything a cache holds, per row: the counters, and every slot's position,
+// validity byte and K/V bytes.
+struct CacheState {
+  std::vector<int64_t> counters;
+  std::vector<int32_t> kpos;
+  std::vector<uint8_t> kvalid, kv;
+  bool operator==(const CacheState&) const = default;
+};
+
+void add_state(const LayerKvCache& c, CacheState& s) {
+  const size_t seq = size_t(c.bytes() / 2 / uint64_t(c.batch()));
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    s.counters.insert(s.counters.end(), {c.written(b), c.used(b), c.last_position(b)});
+    s.kpos.insert(s.kpos.end(), c.kpos(b), c.kpos(b) + c.capacity());
+    s.kvalid.insert(s.kvalid.end(), c.kvalid(b), c.kvalid(b) + c.capacity());
+    for (const void* p : {c.k(b), c.v(b)}) {
+      const uint8_t* q = static_cast<const uint8_t*>(p);
+      s.kv.insert(s.kv.end(), q, q + seq);
+    }
+  }
+}
+
+CacheState state_of(const Model& m) {
+  CacheState s;
+  for (int l = 0; l < m.config().num_layers; ++l) add_state(m.cache(l), s);
+  return s;
+}
+
+// One call of `pos.size() / B` tokens per row on N(0, 1) inputs from `seed`;
+// `real` empty means every token is real.
+std::vector<float> call(Model& m, const std::vector<int32_t>& pos, const std::vector<uint8_t>& real, uint64_t seed) {
+  const int64_t B = m.options().batch, T = int64_t(pos.size()) / B, D = m.config().hidden_size;
+  std::vector<float> x = g3test::randn(size_t(B * T * D), seed), y(x.size());
+  m.forward(x.data(), pos.data(), real.empty() ? nullptr : real.data(), T, y.data());
+  return y;
+}
+
+// Bit for bit (NaN included), without printing whole vectors on failure.
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<int32_t> iota_rows(int64_t B, int32_t first, int64_t T) {
+  std::vector<int32_t> p(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) p[size_t(b * T + t)] = first + int32_t(t);
+  return p;
+}
+
+// A local layer (ring of W + C - 1 = 6 slots) and a global one, chunk 3, so
+// that prompts run as several chunks and the ring wraps.
+ModelOptions small_options(const std::string& backend, int64_t B, int64_t context) {
+  ModelOptions o;
+  o.backend = backend;
+  o.isa = backend == "reference" ? "scalar" : "best";
+  o.batch = B;
+  o.context = context;
+  o.chunk = 3;
+  o.threads = 2;
+  return o;
+}
+
+// `bad` must be refused without changing any cache; then `m` (which saw it)
+// and `fresh` (which did not) run the same good calls and must agree bit for
+// bit.
+void refused_then_continue(Model& m, Model& fresh, const std::function<void(Model&)>& bad,
+                           const std::vector<std::vector<int32_t>>& good) {
+  const CacheState before = state_of(m);
+  CHECK_THROWS_AS(bad(m), InputError);
+  CHECK(state_of(m) == before);
+  for (size_t i = 0; i < good.size(); ++i) {
+    INFO("good call " << i);
+    CHECK(bitwise_equal(call(m, good[i], {}, 300 + i), call(fresh, good[i], {}, 300 + i)));
+  }
+  CHECK(state_of(m) == state_of(fresh));
+}
+
+}  // namespace
+
+TEST_CASE("a batch call with one bad row changes no cache, and the model goes on as if it never happened",
+          "[kv][atomic]") {
+  const ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 4);
+  const int64_t B = 2, context = 40;
+  // Row 0 is good in every bad call; row 1 breaks one rule.
+  struct Bad {
+    const char* what;
+    std::vector<int32_t> pos;
+    std::vector<uint8_t> real;
+  };
+  std::vector<Bad> bads = {
+      {"row 1 repeats a position within the call", {7, 8, 7, 7}, {}},
+      {"row 1 goes back to its cached last position", {7, 6}, {}},
+      {"row 1 has a negative position", {7, -1}, {}},
+  };
+  {
+    // Row 1 runs past the context in its twelfth chunk, row 0 holds three
+    // real tokens and padding.
+    Bad over{"row 1 exceeds the context", {}, {}};
+    const int64_t T = 34;
+    for (int64_t t = 0; t < T; ++t) {
+      over.pos.push_back(int32_t(7 + std::min<int64_t>(t, 2)));
+      over.real.push_back(t < 3);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      over.pos.push_back(int32_t(7 + t));
+      over.real.push_back(1);
+    }
+    bads.push_back(over);
+  }
+  for (const auto& backend : {std::string("reference"), std::string("auto")})
+    for (const Bad& bad : bads) {
+      INFO(backend << ": " << bad.what);
+      Model m(cfg, g3test::random_weights(51), small_options(backend, B, context));
+      Model fresh(cfg, g3test::random_weights(51), small_options(backend, B, context));
+      // Seven prompt tokens (chunks of 3, 3, 1): the ring has wrapped once.
+      call(m, iota_rows(B, 0, 7), {}, 1);
+      call(fresh, iota_rows(B, 0, 7), {}, 1);
+      refused_then_continue(
+          m, fresh, [&](Model& mm) { call(mm, bad.pos, bad.real, 2); },
+          {iota_rows(B, 7, 5), iota_rows(B, 12, 1), iota_rows(B, 13, 1), iota_rows(B, 14, 1)});
+    }
+}
+
+TEST_CASE("a prompt whose later chunk is bad changes no layer's cache", "[kv][atomic]") {
+  const ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4);
+  const int64_t B = 1, context = 15;
+  struct Bad {
+    const char* what;
+    int64_t cached;  // prompt tokens before the bad call
+    std::vector<int32_t> pos;
+  };
+  const std::vector<Bad> bads = {
+      {"second chunk repeats a position", 0, {0, 1, 2, 3, 3, 5, 6}},
+      {"third chunk goes backwards", 4, {4, 5, 6, 7, 8, 9, 2}},
+      {"fourth chunk exceeds the context", 4, {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}},
+  };
+  for (const auto& backend : {std::string("reference"), std::string("auto")})
+    for (const Bad& bad : bads) {
+      INFO(backend << ": " << bad.what);
+      Model m(cfg, g3test::random_weights(61), small_options(backend, B, context));
+      Model fresh(cfg, g3test::random_weights(61), small_options(backend, B, context));
+      if (bad.cached > 0) {
+        call(m, iota_rows(B, 0, bad.cached), {}, 1);
+        call(fresh, iota_rows(B, 0, bad.cached), {}, 1);
+      }
+      const int32_t next = int32_t(bad.cached);
+      refused_then_continue(
+          m, fresh, [&](Model& mm) { call(mm, bad.pos, {}, 2); },
+          {iota_rows(B, next, 7), iota_rows(B, next + 7, 1), iota_rows(B, next + 8, 1)});
+    }
+}
+
+TEST_CASE("run_block_cached checks every row before any row takes a slot", "[kv][atomic]") {
+  const ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 4);
+  const WeightSource ws = g3test::random_weights(71);
+  const int64_t B = 2, context = 30, chunk = 3, D = cfg.hidden_size;
+  ThreadPool pool(2);
+  BlockScratch scratch;
+  // Row 0 is good in every bad call; row 1 breaks one rule.
+  struct Bad {
+    const char* what;
+    std::vector<int32_t> pos;
+    std::vector<uint8_t> real;
+  };
+  std::vector<Bad> bads = {
+      {"row 1 repeats a position", {6, 7, 6, 6}, {}},
+      {"row 1 goes back", {6, 5}, {}},
+      {"row 1 is negative", {6, -4}, {}},
+  };
+  {
+    // Row 0 has one real token; row 1 has more than the ring's chunk and,
+    // on the global layer, more than the context holds.
+    Bad big{"row 1 writes too many tokens", {}, {}};
+    const int64_t T = 25;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        big.pos.push_back(int32_t(6 + (b == 0 ? 0 : t)));
+        big.real.push_back(b == 1 || t == 0);
+      }
+    bads.push_back(big);
+  }
+  for (const auto& backend : {std::string("reference"), std::string("auto")})
+    for (int layer : {0, 1}) {
+      const LayerSpec spec = layer_spec(cfg, layer);
+      const PreparedLayer L =
+          prepare_layer(spec, ws(spec), DType::F32, backend, resolve_isa(backend == "reference" ? "scalar" : "best"));
+      auto run = [&](LayerKvCache& c, const std::vector<int32_t>& pos, const std::vector<uint8_t>& real,
+                     uint64_t seed) {
+        const int64_t T = int64_t(pos.size()) / B;
+        std::vector<float> x = g3test::randn(size_t(B * T * D), seed), y(x.size());
+        run_block_cached(L, c, x.data(), pos.data(), real.empty() ? nullptr : real.data(), B, T, y.data(), pool,
+                         scratch);
+        return y;
+      };
+      auto state = [](const LayerKvCache& c) {
+        CacheState s;
+        add_state(c, s);
+        return s;
+      };
+      for (const Bad& bad : bads) {
+        INFO(backend << " layer " << layer << ": " << bad.what);
+        LayerKvCache cache(spec, DType::F32, B, context, chunk), fresh(spec, DType::F32, B, context, chunk);
+        REQUIRE(cache.is_ring() == (layer == 0));
+        // Two calls of three tokens: the ring (6 slots) is full.
+        for (int32_t p0 : {0, 3}) {
+          const std::vector<int32_t> pos = iota_rows(B, p0, 3);
+          CHECK(bitwise_equal(run(cache, pos, {}, 10 + p0), run(fresh, pos, {}, 10 + p0)));
+        }
+        const CacheState before = state(cache);
+        CHECK_THROWS_AS(run(cache, bad.pos, bad.real, 20), InputError);
+        CHECK(state(cache) == before);
+        // The ring wraps in these.
+        for (int32_t p0 : {6, 9, 12}) {
+          const std::vector<int32_t> pos = iota_rows(B, p0, 3);
+          CHECK(bitwise_equal(run(cache, pos, {}, 30 + p0), run(fresh, pos, {}, 30 + p0)));
+        }
+        CHECK(state(cache) == state(fresh));
+      }
+    }
 }
