@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "bf16.h"
 #include "checkpoint.h"
 #include "errors.h"
 #include "isa.h"
@@ -112,8 +113,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) double dot(const fl
 }  // namespace
 
 ReferenceStack::ReferenceStack(const ModelConfig& cfg, const WeightSource& weights, int64_t batch, int64_t cache_len,
-                               ThreadPool& pool)
-    : cfg_(cfg), B_(batch), S_(cache_len), pool_(pool) {
+                               ThreadPool& pool, DType kv_dtype)
+    : cfg_(cfg), B_(batch), S_(cache_len), pool_(pool), kv_dtype_(kv_dtype) {
   const std::vector<LayerSpec> specs = layer_specs(cfg);
   layers_.resize(specs.size());
   pool_.parallel_for(int64_t(specs.size()), [&](int64_t i) {
@@ -183,6 +184,10 @@ void ReferenceStack::block(Layer& L, const float* x, const int32_t* positions, i
       ref::rms_norm(kh, H, L.k_norm.data(), sp.rms_eps, kh);
       ref::rope(kh, H, p, sp.rope_base, sp.rope_scale);
     }
+    // K and V as the cache stores them (rounded once when it holds bf16).
+    if (kv_dtype_ == DType::BF16)
+      for (float* e : {&k[r * K * H], &v[r * K * H]})
+        for (int64_t i = 0; i < K * H; ++i) e[i] = bf16_to_f32(f32_to_bf16(e[i]));
   });
   // Step D: the official cache write (every token, padding included).
   ref::Cache& C = L.cache;
@@ -368,7 +373,7 @@ RunResult run_model(const RunRequest& r) {
 
   if (r.verify) {
     t0 = now_ms();
-    ReferenceStack ref(cfg, ws, B, L, m.pool());
+    ReferenceStack ref(cfg, ws, B, L, m.pool(), r.kv_dtype);
     std::vector<float> want(size_t(B * L * D));
     ref.on_layer = [&](int layer) {
       if (r.progress) r.progress("verify prefill", layer + 1, nl);

@@ -84,11 +84,12 @@ class Model {
 // token AND s <= end_index + t, with the sliding mask on local layers and
 // K_MASK replacement, softmax over all slots. The same arithmetic as
 // ref::attention / ref::block (weights widened to f32 once, not per call),
-// split over rows and heads on the pool.
+// split over rows and heads on the pool. kv_dtype as in ref::attention: bf16
+// rounds each K and V element once as it enters the cache.
 class ReferenceStack {
  public:
   ReferenceStack(const ModelConfig& cfg, const WeightSource& weights, int64_t batch, int64_t cache_len,
-                 ThreadPool& pool);
+                 ThreadPool& pool, DType kv_dtype = DType::F32);
   void forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y);
   std::function<void(int)> on_layer;
 
@@ -102,6 +103,7 @@ class ReferenceStack {
   ModelConfig cfg_;
   int64_t B_, S_;
   ThreadPool& pool_;
+  DType kv_dtype_;
   std::vector<Layer> layers_;
   std::vector<uint8_t> slot_real_;  // [B][S]
   int64_t end_index_ = 0;

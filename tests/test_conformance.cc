@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "apply.h"
 #include "backend_api.h"
 #include "bf16.h"
 #include "block.h"
@@ -493,4 +494,36 @@ TEST_CASE("slot causality with an offset: a call split in two equals the whole c
     INFO(r.name());
     CHECK(count_violations(d, parts, whole, &worst) == 0);
   }
+}
+
+TEST_CASE("the reference honours --kv-dtype: bf16 K/V change its result the way they change ours",
+          "[conformance][bf16]") {
+  // Through run_apply, the `g3attn apply` path, on a golden case of the
+  // in-repository subset. Rounding K and V to bf16 moves the output by about
+  // 2^-9 of its size; the fast path with bf16 K/V must agree with the
+  // reference with bf16 K/V far more closely than with the f32 reference.
+  const std::string dir = g3test::golden_dir() + "/tiny_local_L2_T16_B2_leftpad";
+  auto apply = [&](const std::string& backend, g3::DType kv) {
+    g3::ApplyRequest r;
+    r.config = dir + "/config.json";
+    r.weights = dir + "/weights.safetensors";
+    r.input = dir + "/x.npy";
+    r.positions = dir + "/positions.npy";
+    r.attention_mask = dir + "/attention_mask.npy";
+    r.backend = backend;
+    r.isa = backend == "reference" ? "" : "scalar";
+    r.kv_dtype = kv;
+    return g3::run_apply(r);
+  };
+  const g3::ApplyResult ref32 = apply("reference", g3::DType::F32), ref16 = apply("reference", g3::DType::BF16),
+                        fast16 = apply("highway", g3::DType::BF16);
+  REQUIRE(fast16.backend == "highway");
+  const int64_t rows = ref32.B * ref32.T, D = ref32.spec.hidden_size;
+  const double storage = g3test::max_abs_diff(ref16.attn_out.data(), ref32.attn_out.data(), rows, D, ref32.real_row,
+                                              0, 0, nullptr);
+  const double ours = g3test::max_abs_diff(fast16.attn_out.data(), ref16.attn_out.data(), rows, D, ref32.real_row,
+                                           0, 0, nullptr);
+  INFO("bf16 storage moves the reference by " << storage << "; highway bf16 vs reference bf16: " << ours);
+  CHECK(storage > 1e-4);
+  CHECK(ours < storage / 20);
 }

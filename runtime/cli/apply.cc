@@ -34,7 +34,9 @@ int cmd_apply(int argc, char** argv, int first) {
                  "                    [--attention-mask m.npy] [--layer L] --out block.npy [--attn-out attn.npy]\n"
                  "Runs one layer's attention block (pre-norm, attention, post-norm, residual) with\n"
                  "keys = this call's tokens: query t sees key s iff s <= t, s is real, and on local\n"
-                 "layers qpos - kpos < window. Rows of padding (mask 0) are don't-care.\n"
+                 "layers |qpos - kpos| < window. Positions feed only RoPE and the window, so packed\n"
+                 "documents, repeated or decreasing positions and gaps all run. Rows of padding\n"
+                 "(mask 0) are don't-care.\n"
                  "Outputs are written atomically; on bad input nothing is written.\n"
                  "NaN or Inf in the inputs propagate to the outputs; weights with NaN or Inf are refused.\n\n"
               << a.usage();
