@@ -32,6 +32,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "kernel_contract.h"
 #include "mask_rule.h"
+#include "softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace g3 {
@@ -39,6 +40,9 @@ namespace HWY_NAMESPACE {
 namespace attn {
 
 namespace hn = hwy::HWY_NAMESPACE;
+using flash::FinishRow;
+using flash::kNegBig;
+using flash::SoftmaxTile;
 
 // Keys per tile of the attention core. The structured mask is summarised per
 // tile (min/max stored position of its valid slots), which is what lets the
@@ -59,10 +63,6 @@ constexpr size_t kRows = 8;
 #else
 constexpr size_t kRows = 4;
 #endif
-// Masked logits become this finite value before the running max is taken, and
-// their probabilities are forced to exactly zero, so no inf - inf ever occurs.
-constexpr float kNegBig = -1e30f;
-
 // Grow-only, 64-byte aligned scratch per thread and per call site: the core
 // and the QK stage allocate nothing in steady state.
 struct Scratch {
@@ -272,56 +272,6 @@ HWY_INLINE const void* CleanValues(const g3_core_args* a, size_t s0, size_t nk, 
   return dst;
 }
 
-// Online softmax over one tile for nr rows (flash-attention style, SPEC 1.3
-// steps G-H with the structured mask): S holds the rows' logits [nr][width]
-// (row stride kBk; width a multiple of the vector);
-// they are replaced by unnormalised probabilities exp(logit - m_new); m and
-// l (running max and sum) are updated and corr receives exp(m_old - m_new),
-// the factor the row's running output must be rescaled by.
-template <class DK>
-HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* S, bool full, int64_t s0, const int32_t* kp,
-                            const int32_t* kv, const g3_row_bounds* rb, float* m, float* l, float* corr) {
-  const size_t N = hn::Lanes(dk);
-  const hn::RebindToSigned<DK> di;
-  const auto negbig = hn::Set(dk, kNegBig);
-  for (size_t r = 0; r < nr; ++r) {
-    float* sr = S + r * kBk;
-    const auto hi = hn::Set(di, rb[r].hi), lo = hn::Set(di, rb[r].lo);
-    // The slot rule as an offset inside the tile: offset j is hidden iff j > last.
-    const auto last = hn::Set(di, int32_t(g3_slot_limit(rb[r], s0, int64_t(width)) - 1));
-    auto mx = negbig;
-    if (full) {
-      for (size_t j = 0; j < width; j += N) mx = hn::Max(mx, hn::LoadU(dk, sr + j));
-    } else {
-      for (size_t j = 0; j < width; j += N) {
-        const auto p = hn::LoadU(di, kp + j);
-        const auto off = hn::Iota(di, int32_t(j));
-        const auto hidden = hn::Or(hn::Or(hn::Or(hn::Gt(p, hi), hn::Gt(lo, p)), hn::Gt(off, last)),
-                                   hn::Eq(hn::LoadU(di, kv + j), hn::Zero(di)));
-        const auto s = hn::IfThenElse(hn::RebindMask(dk, hidden), negbig, hn::LoadU(dk, sr + j));
-        hn::StoreU(s, dk, sr + j);
-        mx = hn::Max(mx, s);
-      }
-    }
-    const float m_tile = hn::GetLane(hn::MaxOfLanes(dk, mx));
-    const float m_new = m_tile > m[r] ? m_tile : m[r];
-    const auto mv = hn::Set(dk, m_new);
-    auto sum = hn::Zero(dk);
-    for (size_t j = 0; j < width; j += N) {
-      const auto s = hn::LoadU(dk, sr + j);
-      // Masked logits are exactly kNegBig; their probability is exactly 0
-      // even when the whole row is masked so far (then m_new is kNegBig too).
-      const auto e = hn::IfThenZeroElse(hn::Eq(s, negbig), hn::Exp(dk, hn::Sub(s, mv)));
-      hn::StoreU(e, dk, sr + j);
-      sum = hn::Add(sum, e);
-    }
-    const float c = expf(m[r] - m_new);
-    corr[r] = c;
-    l[r] = l[r] * c + hn::GetLane(hn::SumOfLanes(dk, sum));
-    m[r] = m_new;
-  }
-}
-
 // O[r] = O[r] * corr[r] + sum_{s < nk} P[r][s] * V[s] for R rows (SPEC 1.3
 // step I; P row stride kBk, O row stride H), vectorised over head_dim in
 // chunks of C vectors with R x C accumulators kept in registers while the
@@ -404,21 +354,6 @@ HWY_INLINE RowIO RowAt(const g3_core_args* a, size_t i) {
   io.out = a->out + int64_t(t) * a->out_stride + int64_t(g * H);
   io.b = g3_bounds_of(a, int64_t(t));
   return io;
-}
-
-// Normalises a finished row (SPEC 1.3 step H's division, deferred) and
-// writes lse; a row that saw no key gets zeros and lse = -inf.
-template <class D>
-HWY_INLINE void FinishRow(D d, const float* O, float m, float l, size_t H, float* out, float* lse) {
-  const size_t N = hn::Lanes(d);
-  if (!(l > 0)) {
-    for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Zero(d), d, out + h);
-    if (lse) *lse = -INFINITY;
-    return;
-  }
-  const auto inv = hn::Set(d, 1.0f / l);
-  for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + h), inv), d, out + h);
-  if (lse) *lse = m + logf(l);
 }
 
 // Prefill: blocks of kMacroRows rows; for each key tile that some row of the
@@ -525,7 +460,7 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
         const int c = g3_classify(&info[k], &micro[u]);
         if (c == G3_TILE_SKIP) continue;
         QKTile<R>(dk, Qt + u * H * R, Kt, H, S);
-        SoftmaxTile(dk, R, kBk, S, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
+        SoftmaxTile(dk, R, kBk, S, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
         PVTile<R, 2, G3_DTYPE_F32>(d, S, corr, Vt, nk, H, O + u * R * H);
       }
     }
@@ -655,7 +590,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
         }
       }
       DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, S);
-      SoftmaxTile(dk, NR, kDk, S, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
+      SoftmaxTile(dk, NR, kDk, S, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
                                                              s0 * H * (kKV == G3_DTYPE_F32 ? 4 : 2))
                                   : CleanValues<kKV>(a, s0, nk, H, Vclean);

@@ -39,7 +39,7 @@ std::vector<KernelKey> attention_keys(const std::vector<ModelConfig>& models, co
 }
 
 const std::vector<std::string>& template_header_names() {
-  static const std::vector<std::string> v = {"kernel_contract.h", "mask_rule.h", "attention_registry.h", "attention-inl.h",
+  static const std::vector<std::string> v = {"kernel_contract.h", "mask_rule.h", "softmax-inl.h", "attention_registry.h", "attention-inl.h",
                                              "attention_key-inl.h"};
   return v;
 }
@@ -197,7 +197,7 @@ SourceFile standalone_readme(const std::vector<KernelKey>& keys, const std::vect
   s += "  through Highway's `foreach_target`.\n";
   s += "- `hwy_attention_registry.cc`: key string -> per-target table; `g3_hwy_lookup`.\n";
   s += "- `attention-inl.h`, `attention_key-inl.h`: the kernel templates; `mask_rule.h`: the structured\n";
-  s += "  mask they apply; `check.cc`: a smoke test.\n";
+  s += "  mask they apply; `softmax-inl.h`: the online softmax; `check.cc`: a smoke test.\n";
   return {"README.md", s};
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernel_contract.h"
+#include "mask_rule.h"
 
 namespace g3::llvmjit {
 
@@ -89,6 +90,10 @@ class Emitter {
   void emit_core();
 
  private:
+  struct CoreState;
+  void emit_qk_tile(const CoreState& st, int R);
+  void emit_pv_tile(const CoreState& st, int R);
+
   // ---- small helpers -------------------------------------------------------
   Function* new_function(const char* name) {
     FunctionType* ft = FunctionType::get(Type::getVoidTy(C), {ptr}, false);
@@ -185,34 +190,6 @@ class Emitter {
     then();
     b.CreateBr(ex);
     b.SetInsertPoint(ex);
-  }
-
-  // exp(x) for a float vector, x <= 0 in practice (softmax arguments). The
-  // Cephes single-precision scheme: x = n ln2 + r with |r| <= ln2/2, a
-  // degree-6 polynomial for e^r, and 2^n put into the exponent bits. About
-  // 1 ulp; inputs below -87.3 (including -inf) give ~1e-38, which the caller
-  // masks to an exact 0 where it matters.
-  Value* vexp(Value* x) {
-    int n = static_cast<int>(cast<FixedVectorType>(x->getType())->getNumElements());
-    Value* lo = splatf(n, -87.3f), *hi = splatf(n, 88.0f);
-    x = b.CreateSelect(b.CreateFCmpOLT(x, lo), lo, x);
-    x = b.CreateSelect(b.CreateFCmpOGT(x, hi), hi, x);
-    // Round to nearest with the 1.5 * 2^23 trick (no SSE4.1 round needed).
-    Value* magic = splatf(n, 12582912.0f);
-    Value* fx = b.CreateFSub(fmuladd(x, splatf(n, 1.44269504088896341f), magic), magic);
-    Value* r = fmuladd(fx, splatf(n, -0.693359375f), x);
-    r = fmuladd(fx, splatf(n, 2.12194440e-4f), r);
-    Value* p = splatf(n, 1.9875691500e-4f);
-    p = fmuladd(p, r, splatf(n, 1.3981999507e-3f));
-    p = fmuladd(p, r, splatf(n, 8.3334519073e-3f));
-    p = fmuladd(p, r, splatf(n, 4.1665795894e-2f));
-    p = fmuladd(p, r, splatf(n, 1.6666665459e-1f));
-    p = fmuladd(p, r, splatf(n, 5.0000001201e-1f));
-    Value* r2 = b.CreateFMul(r, r);
-    Value* y = fmuladd(p, r2, b.CreateFAdd(r, splatf(n, 1.0f)));
-    Type* vi = FixedVectorType::get(i32, n);
-    Value* e = b.CreateShl(b.CreateAdd(b.CreateFPToSI(fx, vi), ConstantInt::get(vi, 127)), 23);
-    return b.CreateFMul(y, b.CreateBitCast(e, vt(n)));
   }
 
   // Horizontal reductions by halving (log2 n shuffles).
@@ -392,275 +369,212 @@ void Emitter::emit_qk() {
 }
 
 // g3_core_fn: SPEC 1.3 steps E-I for one KV head and its G query heads.
+//
+// The emitted code owns the arithmetic that the key specialises (Q.K^T and
+// P.V with head_dim, G and the KV dtype folded in); the rule of which keys a
+// row sees and the online softmax are the shared ones, called as helpers
+// compiled for the same ISA: the bounds and tile classification of
+// mask_rule.h, and the softmax step and row finish of templates/softmax-inl.h.
+// Per query tile of TQ tokens (R = TQ x G rows):
+//   rows:    bounds of every row and their extremes      (kTileRowsHelper)
+//   init:    m, l of every row; O = 0                    (kInitRowsHelper)
+//   per key tile of TK slots:
+//     class: skip / partial / full, slot metadata        (kTileClassHelper)
+//     S = Q K^T                                          (emit_qk_tile)
+//     masked online softmax                              (kSoftmaxHelper)
+//     O = O * corr + P V                                 (emit_pv_tile)
+//   finish:  out = O / l, lse                            (kFinishRowHelper)
+struct Emitter::CoreState {
+  Value *a, *T, *q, *qs, *K, *V, *S, *kpos, *kvalid, *out, *os, *lse;
+  Value *Oacc, *Pbuf, *Mrow, *Lrow, *Corr, *qrow, *rbounds, *rowset, *kp_t, *kv_t, *kslot;
+  std::vector<Value*> accs;  // vector accumulators (promoted to registers by mem2reg)
+};
+
+// S[r][j] = sum_h q_r[h] k_{s0+j}[h] for the tile's R rows: RB rows x SB
+// keys per register block, VL-wide partial sums reduced at the end.
+void Emitter::emit_qk_tile(const CoreState& st, int R) {
+  const int TK = tiling_.tk, SB = std::min(4, TK), RB = largest_dividing(R, {4, 2, 1});
+  for_(c64(0), c64(R), RB, [&](Value* rb) {
+    std::vector<Value*> qr;
+    for (int i = 0; i < RB; ++i)
+      qr.push_back(b.CreateLoad(ptr, b.CreateInBoundsGEP(ptr, st.qrow, b.CreateAdd(rb, c64(i)))));
+    for_(c64(0), c64(TK), SB, [&](Value* sb) {
+      std::vector<Value*> kb;
+      for (int j = 0; j < SB; ++j)
+        kb.push_back(
+            b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, b.CreateAdd(sb, c64(j)))), c64(H)));
+      const int NA = RB * SB;
+      for (int x = 0; x < NA; ++x) b.CreateStore(splatf(VL, 0.f), st.accs[x]);
+      for_(c64(0), c64(NV), 1, [&](Value* c) {
+        Value* e = b.CreateMul(c, c64(VL));
+        std::vector<Value*> qv, kv;
+        for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
+        for (int j = 0; j < SB; ++j) kv.push_back(load_kv(st.K, b.CreateAdd(kb[j], e), VL));
+        for (int i = 0; i < RB; ++i)
+          for (int j = 0; j < SB; ++j)
+            b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), st.accs[i * SB + j])), st.accs[i * SB + j]);
+      });
+      std::vector<Value*> in;
+      for (int x = 0; x < NA; ++x) in.push_back(b.CreateLoad(vt(VL), st.accs[x]));
+      std::vector<Value*> sums = transpose_reduce(in);
+      // Lanes are dot products in accumulator order x = i * SB + j.
+      int x0 = 0;
+      for (Value* sv : sums) {
+        int w = static_cast<int>(cast<FixedVectorType>(sv->getType())->getNumElements());
+        for (int off = 0; off < w; off += std::min(w, SB)) {
+          int len = std::min(w, SB);
+          int x = x0 + off, i = x / SB, j = x % SB;
+          std::vector<int> idx;
+          for (int l = 0; l < len; ++l) idx.push_back(off + l);
+          Value* piece = len == w ? sv : b.CreateShuffleVector(sv, idx);
+          Value* row = b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK));
+          storev(piece, gepf(st.Pbuf, b.CreateAdd(row, b.CreateAdd(sb, c64(j)))));
+        }
+        x0 += w;
+      }
+    });
+  });
+}
+
+// O[r] = O[r] * corr[r] + sum_j P[r][j] v_{s0+j}: RB rows x HB vectors of
+// head_dim per register block, the tile's TK slots unrolled. Invalid slots
+// may hold anything (unwritten cache memory, NaN included): their values are
+// zeroed by the validity bits, so p = 0 never meets a NaN.
+void Emitter::emit_pv_tile(const CoreState& st, int R) {
+  const int TK = tiling_.tk, RB = largest_dividing(R, {4, 2, 1}), HB = largest_dividing(NV, {4, 2, 1});
+  for_(c64(0), c64(R), RB, [&](Value* rb) {
+    for_(c64(0), c64(NV), HB, [&](Value* hc) {
+      std::vector<Value*> optr;
+      for (int i = 0; i < RB; ++i) {
+        Value* row = b.CreateAdd(rb, c64(i));
+        Value* s = splat(VL, b.CreateLoad(f32, gepf(st.Corr, row)));
+        for (int c = 0; c < HB; ++c) {
+          Value* p =
+              gepf(st.Oacc, b.CreateAdd(b.CreateMul(row, c64(H)), b.CreateMul(b.CreateAdd(hc, c64(c)), c64(VL))));
+          optr.push_back(p);
+          b.CreateStore(b.CreateFMul(loadv(p, VL), s), st.accs[i * HB + c]);
+        }
+      }
+      for_(c64(0), c64(TK), 1, [&](Value* j) {
+        Value* vb = b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, j)), c64(H));
+        // A bit mask (-1 valid, 0 not) rather than a select: LLVM turns a
+        // select on a scalar condition into branches around the loads.
+        Type* vi32 = FixedVectorType::get(i32, VL);
+        Value* okv = b.CreateVectorSplat(VL, b.CreateLoad(i32, b.CreateInBoundsGEP(i32, st.kv_t, j)));
+        std::vector<Value*> vv;
+        for (int c = 0; c < HB; ++c) {
+          Value* e = b.CreateMul(b.CreateAdd(hc, c64(c)), c64(VL));
+          Value* bits = b.CreateBitCast(load_kv(st.V, b.CreateAdd(vb, e), VL), vi32);
+          vv.push_back(b.CreateBitCast(b.CreateAnd(bits, okv), vt(VL)));
+        }
+        for (int i = 0; i < RB; ++i) {
+          Value* pij =
+              b.CreateLoad(f32, gepf(st.Pbuf, b.CreateAdd(b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK)), j)));
+          Value* ps = splat(VL, pij);
+          for (int c = 0; c < HB; ++c) {
+            Value* acc = st.accs[i * HB + c];
+            b.CreateStore(fmuladd(ps, vv[c], b.CreateLoad(vt(VL), acc)), acc);
+          }
+        }
+      });
+      for (int x = 0; x < RB * HB; ++x) storev(b.CreateLoad(vt(VL), st.accs[x]), optr[x]);
+    });
+  });
+}
+
 void Emitter::emit_core() {
   new_function(kCoreName);
-  Value* a = fn_->getArg(0);
   using A = g3_core_args;
-  Value* T = field(a, offsetof(A, T), i64);
-  Value* q = field(a, offsetof(A, q), ptr);
-  Value* qs = field(a, offsetof(A, q_stride), i64);
-  Value* K = field(a, offsetof(A, k), ptr);
-  Value* V = field(a, offsetof(A, v), ptr);
-  Value* S = field(a, offsetof(A, S), i64);
-  Value* kpos = field(a, offsetof(A, kpos), ptr);
-  Value* kvalid = field(a, offsetof(A, kvalid), ptr);
-  Value* out = field(a, offsetof(A, out), ptr);
-  Value* os = field(a, offsetof(A, out_stride), i64);
-  Value* lse = field(a, offsetof(A, lse), ptr);
+  CoreState st;
+  Value* a = st.a = fn_->getArg(0);
+  st.T = field(a, offsetof(A, T), i64);
+  st.q = field(a, offsetof(A, q), ptr);
+  st.qs = field(a, offsetof(A, q_stride), i64);
+  st.K = field(a, offsetof(A, k), ptr);
+  st.V = field(a, offsetof(A, v), ptr);
+  st.S = field(a, offsetof(A, S), i64);
+  st.out = field(a, offsetof(A, out), ptr);
+  st.os = field(a, offsetof(A, out_stride), i64);
+  st.lse = field(a, offsetof(A, lse), ptr);
+  Value *T = st.T, *S = st.S;
 
-  const int G = key_.group, TK = tiling_.tk;
-  const int TQmax = tiling_.tq;
-  const int SB = std::min(4, TK);
-  FunctionCallee log_fn = M.getOrInsertFunction(kLogHelper, FunctionType::get(f64, {f64}, false));
-  FunctionCallee bounds_fn =
-      M.getOrInsertFunction(kBoundsHelper, FunctionType::get(Type::getVoidTy(C), {ptr, i64, ptr}, false));
-  const float NEG_INF = -INFINITY;
+  const int G = key_.group, TK = tiling_.tk, TQmax = tiling_.tq;
+  Type* vd = Type::getVoidTy(C);
+  FunctionCallee rows_fn =
+      M.getOrInsertFunction(kTileRowsHelper, FunctionType::get(vd, {ptr, i64, i64, i64, ptr, ptr}, false));
+  FunctionCallee class_fn =
+      M.getOrInsertFunction(kTileClassHelper, FunctionType::get(i32, {ptr, i64, i64, ptr, ptr, ptr}, false));
+  FunctionCallee init_fn = M.getOrInsertFunction(kInitRowsHelper, FunctionType::get(vd, {i64, ptr, ptr}, false));
+  FunctionCallee softmax_fn = M.getOrInsertFunction(
+      kSoftmaxHelper,
+      FunctionType::get(vd, {ptr, i64, i64, i64, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr}, false));
+  FunctionCallee finish_fn =
+      M.getOrInsertFunction(kFinishRowHelper, FunctionType::get(vd, {ptr, f32, f32, i64, ptr, ptr}, false));
 
   // Scratch sized for the largest tile; shared by both tile shapes.
   const int Rmax = TQmax * G;
-  Value* Oacc = alloca_(f32, int64_t(Rmax) * H);
-  Value* Pbuf = alloca_(f32, int64_t(Rmax) * TK);
-  Value* Mrow = alloca_(f32, Rmax);
-  Value* Lrow = alloca_(f32, Rmax);
-  Value* Scl = alloca_(f32, Rmax);
-  Value* qrow = alloca_(ptr, Rmax, 8);
-  // Per row, the structured mask as bounds (mask_rule.h, through the
-  // bounds helper): visible iff valid, lo <= kpos <= hi and slot <= smax;
-  // and the extremes over the tile's rows, to skip whole key tiles.
-  Value* lorow = alloca_(i64, Rmax, 8);
-  Value* hirow = alloca_(i64, Rmax, 8);
-  Value* smrow = alloca_(i64, Rmax, 8);
-  Value* bounds = alloca_(i64, 2, 8);  // a g3_row_bounds: {i32 lo, i32 hi}, i64 smax
-  Value* lomin_a = alloca_(i64, 1, 8);
-  Value* himax_a = alloca_(i64, 1, 8);
-  Value* smmax_a = alloca_(i64, 1, 8);
-  Value* kp_t = alloca_(i32, TK);
-  Value* kv_t = alloca_(i32, TK);
-  Value* kslot = alloca_(i64, TK, 8);
-  // Vector accumulators (promoted to registers by mem2reg).
-  std::vector<Value*> accs;
-  for (int i = 0; i < 16; ++i) accs.push_back(alloca_(vt(VL), 1));
-  // Tile bookkeeping carried across the key loop.
-  Value* kmin_a = alloca_(i64, 1, 8);
-  Value* kmax_a = alloca_(i64, 1, 8);
-  Value* any_a = alloca_(i1, 1, 1);
-
+  st.Oacc = alloca_(f32, int64_t(Rmax) * H);
+  st.Pbuf = alloca_(f32, int64_t(Rmax) * TK);
+  st.Mrow = alloca_(f32, Rmax);
+  st.Lrow = alloca_(f32, Rmax);
+  st.Corr = alloca_(f32, Rmax);
+  st.qrow = alloca_(ptr, Rmax, 8);
+  st.rbounds = alloca_(i64, 2 * int64_t(Rmax), 8);  // g3_row_bounds: {i32 lo, i32 hi, i64 smax}
+  st.rowset = alloca_(i64, 4, 8);                    // g3_row_set: 4 x i32, 2 x i64
+  st.kp_t = alloca_(i32, TK);
+  st.kv_t = alloca_(i32, TK);
+  st.kslot = alloca_(i64, TK, 8);
+  for (int i = 0; i < 16; ++i) st.accs.push_back(alloca_(vt(VL), 1));
   Value* S1 = b.CreateSub(S, c64(1));
 
   auto tile = [&](Value* t0, int TQ) {
     const int R = TQ * G;
-    const int RB = largest_dividing(R, {4, 2, 1});
-    const int HB = largest_dividing(NV, {4, 2, 1});
-    // Row r = tt * G + g: query token t0 + tt, group head g.
-    // Tokens past T (a partial last tile) are clamped to T - 1: they redo
-    // that token's work and are not stored, which is cheaper than running
-    // the tail token by token.
-    b.CreateStore(c64(INT64_MAX), lomin_a);
-    b.CreateStore(c64(INT64_MIN), himax_a);
-    b.CreateStore(c64(INT64_MIN), smmax_a);
+    // Row r = tt * G + g: query token t0 + tt, group head g. Tokens past T
+    // (a partial last tile) are clamped to T - 1: they redo that token's
+    // work and are not stored, which is cheaper than running the tail token
+    // by token.
+    b.CreateCall(rows_fn, {a, t0, c64(TQ), c64(G), st.rbounds, st.rowset});
     for_(c64(0), c64(TQ), 1, [&](Value* tt) {
       Value* tok = b.CreateAdd(t0, tt);
       tok = b.CreateSelect(b.CreateICmpSLT(tok, T), tok, b.CreateSub(T, c64(1)));
-      b.CreateCall(bounds_fn, {a, tok, bounds});
-      Value* lo = b.CreateSExt(b.CreateLoad(i32, bounds), i64);
-      Value* hi = b.CreateSExt(b.CreateLoad(i32, b.CreateConstInBoundsGEP1_64(i32, bounds, 1)), i64);
-      Value* sm = b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, bounds, 1));
-      Value* lomin = b.CreateLoad(i64, lomin_a), *himax = b.CreateLoad(i64, himax_a),
-            *smmax = b.CreateLoad(i64, smmax_a);
-      b.CreateStore(b.CreateSelect(b.CreateICmpSLT(lo, lomin), lo, lomin), lomin_a);
-      b.CreateStore(b.CreateSelect(b.CreateICmpSGT(hi, himax), hi, himax), himax_a);
-      b.CreateStore(b.CreateSelect(b.CreateICmpSGT(sm, smmax), sm, smmax), smmax_a);
       for (int g = 0; g < G; ++g) {
         Value* r = b.CreateAdd(b.CreateMul(tt, c64(G)), c64(g));
-        Value* qp = gepf(q, b.CreateAdd(b.CreateMul(tok, qs), c64(int64_t(g) * H)));
-        b.CreateStore(qp, b.CreateInBoundsGEP(ptr, qrow, r));
-        b.CreateStore(lo, b.CreateInBoundsGEP(i64, lorow, r));
-        b.CreateStore(hi, b.CreateInBoundsGEP(i64, hirow, r));
-        b.CreateStore(sm, b.CreateInBoundsGEP(i64, smrow, r));
-        b.CreateStore(cf(NEG_INF), gepf(Mrow, r));
-        b.CreateStore(cf(0.f), gepf(Lrow, r));
+        Value* qp = gepf(st.q, b.CreateAdd(b.CreateMul(tok, st.qs), c64(int64_t(g) * H)));
+        b.CreateStore(qp, b.CreateInBoundsGEP(ptr, st.qrow, r));
       }
     });
-    Value* lomin = b.CreateLoad(i64, lomin_a), *himax = b.CreateLoad(i64, himax_a),
-          *smmax = b.CreateLoad(i64, smmax_a);
+    b.CreateCall(init_fn, {c64(R), st.Mrow, st.Lrow});
     for_(c64(0), c64(int64_t(R) * NV), 1, [&](Value* i) {
-      storev(splatf(VL, 0.f), gepf(Oacc, b.CreateMul(i, c64(VL))));
+      storev(splatf(VL, 0.f), gepf(st.Oacc, b.CreateMul(i, c64(VL))));
     });
 
     for_(c64(0), S, TK, [&](Value* s0) {
-      // Slot metadata of the tile; slots past S are clamped to S - 1 (so
-      // every load stays in bounds) and marked invalid.
-      b.CreateStore(c64(INT64_MAX), kmin_a);
-      b.CreateStore(c64(INT64_MIN), kmax_a);
-      b.CreateStore(ConstantInt::getFalse(C), any_a);
-      for_(c64(0), c64(TK), 1, [&](Value* j) {
-        Value* s = b.CreateAdd(s0, j);
-        Value* inb = b.CreateICmpSLT(s, S);
-        Value* sc = b.CreateSelect(inb, s, S1);
-        Value* kp = b.CreateLoad(i32, b.CreateInBoundsGEP(i32, kpos, sc));
-        Value* ok = b.CreateAnd(inb, b.CreateICmpNE(b.CreateLoad(i8, b.CreateInBoundsGEP(i8, kvalid, sc)),
-                                                    ConstantInt::get(i8, 0)));
-        b.CreateStore(sc, b.CreateInBoundsGEP(i64, kslot, j));
-        b.CreateStore(kp, b.CreateInBoundsGEP(i32, kp_t, j));
-        b.CreateStore(b.CreateZExt(ok, i32), b.CreateInBoundsGEP(i32, kv_t, j));
-        Value* kp64 = b.CreateSExt(kp, i64);
-        Value* kmin = b.CreateLoad(i64, kmin_a), *kmax = b.CreateLoad(i64, kmax_a);
-        b.CreateStore(b.CreateSelect(b.CreateAnd(ok, b.CreateICmpSLT(kp64, kmin)), kp64, kmin), kmin_a);
-        b.CreateStore(b.CreateSelect(b.CreateAnd(ok, b.CreateICmpSGT(kp64, kmax)), kp64, kmax), kmax_a);
-        b.CreateStore(b.CreateOr(b.CreateLoad(i1, any_a), ok), any_a);
-      });
-      // Tile skipping, as g3_classify decides G3_TILE_SKIP: no valid slot,
-      // or every valid key above every row's hi, below every row's lo, or
-      // past every row's last slot.
-      Value* kmin = b.CreateLoad(i64, kmin_a), *kmax = b.CreateLoad(i64, kmax_a);
-      Value* live = b.CreateAnd(b.CreateLoad(i1, any_a), b.CreateICmpSLE(kmin, himax));
-      live = b.CreateAnd(live, b.CreateICmpSGE(kmax, lomin));
-      live = b.CreateAnd(live, b.CreateICmpSLE(s0, smmax));
-      if_(live, [&] {
-        // ---- S = Q K^T: RB rows x SB keys per block, VL-wide partial sums.
-        for_(c64(0), c64(R), RB, [&](Value* rb) {
-          std::vector<Value*> qr;
-          for (int i = 0; i < RB; ++i)
-            qr.push_back(b.CreateLoad(ptr, b.CreateInBoundsGEP(ptr, qrow, b.CreateAdd(rb, c64(i)))));
-          for_(c64(0), c64(TK), SB, [&](Value* sb) {
-            std::vector<Value*> kb;
-            for (int j = 0; j < SB; ++j)
-              kb.push_back(
-                  b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, kslot, b.CreateAdd(sb, c64(j)))), c64(H)));
-            const int NA = RB * SB;
-            for (int x = 0; x < NA; ++x) b.CreateStore(splatf(VL, 0.f), accs[x]);
-            for_(c64(0), c64(NV), 1, [&](Value* c) {
-              Value* e = b.CreateMul(c, c64(VL));
-              std::vector<Value*> qv, kv;
-              for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
-              for (int j = 0; j < SB; ++j) kv.push_back(load_kv(K, b.CreateAdd(kb[j], e), VL));
-              for (int i = 0; i < RB; ++i)
-                for (int j = 0; j < SB; ++j)
-                  b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), accs[i * SB + j])), accs[i * SB + j]);
-            });
-            std::vector<Value*> in;
-            for (int x = 0; x < NA; ++x) in.push_back(b.CreateLoad(vt(VL), accs[x]));
-            std::vector<Value*> sums = transpose_reduce(in);
-            // Lanes are dot products in accumulator order x = i * SB + j.
-            int x0 = 0;
-            for (Value* sv : sums) {
-              int w = static_cast<int>(cast<FixedVectorType>(sv->getType())->getNumElements());
-              for (int off = 0; off < w; off += std::min(w, SB)) {
-                int len = std::min(w, SB);
-                int x = x0 + off, i = x / SB, j = x % SB;
-                std::vector<int> idx;
-                for (int l = 0; l < len; ++l) idx.push_back(off + l);
-                Value* piece = len == w ? sv : b.CreateShuffleVector(sv, idx);
-                Value* row = b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK));
-                storev(piece, gepf(Pbuf, b.CreateAdd(row, b.CreateAdd(sb, c64(j)))));
-              }
-              x0 += w;
-            }
-          });
+      Value* cls = b.CreateCall(class_fn, {a, s0, c64(TK), st.rowset, st.kp_t, st.kv_t});
+      if_(b.CreateICmpNE(cls, c32(G3_TILE_SKIP)), [&] {
+        // Slots past S read slot S - 1 (every load stays in bounds); they
+        // are invalid for the softmax and zeroed for P V.
+        for_(c64(0), c64(TK), 1, [&](Value* j) {
+          Value* s = b.CreateAdd(s0, j);
+          b.CreateStore(b.CreateSelect(b.CreateICmpSLT(s, S), s, S1), b.CreateInBoundsGEP(i64, st.kslot, j));
         });
-        // ---- Masked online softmax per row (SPEC 1.3 steps G-H, with the
-        // structured mask of the contract instead of K_MASK).
-        Type* vi = FixedVectorType::get(i32, TK);
-        Type* vl64 = FixedVectorType::get(i64, TK);
-        Value* kpv = b.CreateSExt(b.CreateAlignedLoad(vi, kp_t, Align(4)), vl64);
-        Value* kvv = b.CreateICmpNE(b.CreateAlignedLoad(vi, kv_t, Align(4)), ConstantInt::get(vi, 0));
-        std::vector<Constant*> iota;
-        for (int j = 0; j < TK; ++j) iota.push_back(ConstantInt::get(i64, j));
-        Value* slotv = b.CreateAdd(b.CreateVectorSplat(TK, s0), ConstantVector::get(iota));
-        for_(c64(0), c64(R), 1, [&](Value* r) {
-          // g3_visible: valid, lo <= kpos <= hi, slot <= smax.
-          Value* lov = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, lorow, r)));
-          Value* hiv = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, hirow, r)));
-          Value* smv = b.CreateVectorSplat(TK, b.CreateLoad(i64, b.CreateInBoundsGEP(i64, smrow, r)));
-          Value* vis = b.CreateAnd(kvv, b.CreateICmpSLE(kpv, hiv));
-          vis = b.CreateAnd(vis, b.CreateICmpSGE(kpv, lov));
-          vis = b.CreateAnd(vis, b.CreateICmpSLE(slotv, smv));
-          Value* prow = gepf(Pbuf, b.CreateMul(r, c64(TK)));
-          Value* l = b.CreateSelect(vis, loadv(prow, TK), splatf(TK, NEG_INF));
-          Value* mt = hreduce(l, true);
-          Value* mold = b.CreateLoad(f32, gepf(Mrow, r));
-          Value* mnew = b.CreateSelect(b.CreateFCmpOGT(mt, mold), mt, mold);
-          // A row that has seen no visible key yet keeps m = -inf; use 0 as
-          // the shift so no inf - inf appears (its p are masked to 0 anyway).
-          Value* none = b.CreateFCmpOEQ(mnew, cf(NEG_INF));
-          Value* msafe = b.CreateSelect(none, cf(0.f), mnew);
-          Value* p = b.CreateSelect(vis, vexp(b.CreateFSub(l, splat(TK, msafe))), splatf(TK, 0.f));
-          Value* sc1 = vexp(splat(1, b.CreateFSub(mold, msafe)));
-          Value* sc = b.CreateSelect(b.CreateFCmpOEQ(mold, cf(NEG_INF)), cf(0.f), b.CreateExtractElement(sc1, uint64_t(0)));
-          Value* lold = b.CreateLoad(f32, gepf(Lrow, r));
-          b.CreateStore(b.CreateFAdd(b.CreateFMul(lold, sc), hreduce(p, false)), gepf(Lrow, r));
-          b.CreateStore(mnew, gepf(Mrow, r));
-          b.CreateStore(sc, gepf(Scl, r));
-          storev(p, prow);
-        });
-        // ---- O = O * rescale + P V: RB rows x HB vectors of head_dim per
-        // block, the tile's TK slots unrolled.
-        for_(c64(0), c64(R), RB, [&](Value* rb) {
-          for_(c64(0), c64(NV), HB, [&](Value* hc) {
-            std::vector<Value*> optr;
-            for (int i = 0; i < RB; ++i) {
-              Value* row = b.CreateAdd(rb, c64(i));
-              Value* s = splat(VL, b.CreateLoad(f32, gepf(Scl, row)));
-              for (int c = 0; c < HB; ++c) {
-                Value* p = gepf(Oacc, b.CreateAdd(b.CreateMul(row, c64(H)), b.CreateMul(b.CreateAdd(hc, c64(c)), c64(VL))));
-                optr.push_back(p);
-                b.CreateStore(b.CreateFMul(loadv(p, VL), s), accs[i * HB + c]);
-              }
-            }
-            for_(c64(0), c64(TK), 1, [&](Value* j) {
-              Value* vb = b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, kslot, j)), c64(H));
-              // Invalid slots may hold anything (unwritten cache memory):
-              // zero their values so p = 0 never meets a NaN.
-              // A bit mask rather than a select: LLVM turns a select on a
-              // scalar condition into branches around the loads.
-              Type* vi32 = FixedVectorType::get(i32, VL);
-              Value* okj = b.CreateNeg(b.CreateLoad(i32, b.CreateInBoundsGEP(i32, kv_t, j)));
-              Value* okv = b.CreateVectorSplat(VL, okj);
-              std::vector<Value*> vv;
-              for (int c = 0; c < HB; ++c) {
-                Value* e = b.CreateMul(b.CreateAdd(hc, c64(c)), c64(VL));
-                Value* bits = b.CreateBitCast(load_kv(V, b.CreateAdd(vb, e), VL), vi32);
-                vv.push_back(b.CreateBitCast(b.CreateAnd(bits, okv), vt(VL)));
-              }
-              for (int i = 0; i < RB; ++i) {
-                Value* pij = b.CreateLoad(f32, gepf(Pbuf, b.CreateAdd(b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK)), j)));
-                Value* ps = splat(VL, pij);
-                for (int c = 0; c < HB; ++c) {
-                  Value* acc = accs[i * HB + c];
-                  b.CreateStore(fmuladd(ps, vv[c], b.CreateLoad(vt(VL), acc)), acc);
-                }
-              }
-            });
-            std::vector<Value*> o;
-            for (int x = 0; x < RB * HB; ++x) o.push_back(b.CreateLoad(vt(VL), accs[x]));
-            for (size_t x = 0; x < o.size(); ++x) storev(o[x], optr[x]);
-          });
-        });
+        emit_qk_tile(st, R);
+        Value* full = b.CreateZExt(b.CreateICmpEQ(cls, c32(G3_TILE_FULL)), i32);
+        b.CreateCall(softmax_fn, {st.Pbuf, c64(TK), c64(R), c64(TK), full, s0, st.kp_t, st.kv_t, st.rbounds,
+                                  st.Mrow, st.Lrow, st.Corr});
+        emit_pv_tile(st, R);
       });
     });
 
-    // ---- Normalise; rows with no visible key get zeros and lse = -inf.
+    // Rows of real tokens: out = O / l and lse (the shared row finish).
     for_(c64(0), c64(R), 1, [&](Value* r) {
-      Value* tt = b.CreateUDiv(r, c64(G));
+      Value* t = b.CreateAdd(t0, b.CreateUDiv(r, c64(G)));
       Value* g = b.CreateURem(r, c64(G));
-      Value* t = b.CreateAdd(t0, tt);
       if_(b.CreateICmpSLT(t, T), [&] {
-        Value* m = b.CreateLoad(f32, gepf(Mrow, r));
-        Value* l = b.CreateLoad(f32, gepf(Lrow, r));
-        Value* has = b.CreateFCmpOGT(m, cf(NEG_INF));
-        Value* inv = b.CreateSelect(has, b.CreateFDiv(cf(1.0f), l), cf(0.f));
-        Value* invv = splat(VL, inv);
-        Value* orow = gepf(out, b.CreateAdd(b.CreateMul(t, os), b.CreateMul(g, c64(H))));
-        Value* arow = gepf(Oacc, b.CreateMul(r, c64(H)));
-        for_(c64(0), c64(NV), 1, [&](Value* c) {
-          Value* e = b.CreateMul(c, c64(VL));
-          storev(b.CreateFMul(loadv(gepf(arow, e), VL), invv), gepf(orow, e));
-        });
-        if_(b.CreateICmpNE(lse, ConstantPointerNull::get(ptr)), [&] {
-          Value* lg = b.CreateCall(log_fn, {b.CreateFPExt(l, f64)});
-          Value* v = b.CreateSelect(has, b.CreateFPTrunc(b.CreateFAdd(b.CreateFPExt(m, f64), lg), f32), cf(NEG_INF));
-          b.CreateStore(v, gepf(lse, b.CreateAdd(b.CreateMul(t, c64(G)), g)));
-        });
+        Value* orow = gepf(st.out, b.CreateAdd(b.CreateMul(t, st.os), b.CreateMul(g, c64(H))));
+        Value* lp = b.CreateSelect(b.CreateICmpEQ(st.lse, ConstantPointerNull::get(ptr)), ConstantPointerNull::get(ptr),
+                                   b.CreateGEP(f32, st.lse, b.CreateAdd(b.CreateMul(t, c64(G)), g)));
+        b.CreateCall(finish_fn, {gepf(st.Oacc, b.CreateMul(r, c64(H))), b.CreateLoad(f32, gepf(st.Mrow, r)),
+                                 b.CreateLoad(f32, gepf(st.Lrow, r)), c64(H), orow, lp});
       });
     });
   };

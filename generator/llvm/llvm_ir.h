@@ -16,20 +16,26 @@ namespace g3::llvmjit {
 
 // Bump whenever the emitted IR changes: it is part of every on-disk cache
 // entry's identity, so old objects are never reused by a newer generator.
-constexpr int kGeneratorVersion = 4;
+constexpr int kGeneratorVersion = 5;
 
 // Names of the emitted functions (each object lives in its own JITDylib, so
 // the names are the same for every key).
 constexpr const char* kQkName = "g3_llvm_qk";
 constexpr const char* kCoreName = "g3_llvm_core";
 // Helpers the JIT'd code calls, defined in llvm_jit.cc and registered as
-// absolute symbols: the per-token RoPE cos/sin table (double precision, as
-// SPEC 2.2 and the reference do it), the natural log for lse, and the
-// structured mask's bounds of a query row.
+// absolute symbols in each kernel's JITDylib: the per-token RoPE cos/sin
+// table (double precision, as SPEC 2.2 and the reference do it); the
+// structured mask of templates/mask_rule.h (bounds of a tile's rows, a key
+// tile's class and slot metadata); and the online softmax of
+// templates/softmax-inl.h compiled for the kernel's ISA (generator/highway/
+// flash_ops.h), so the rule of which keys count and how is the one every
+// backend uses.
 constexpr const char* kRopeHelper = "g3_llvm_rope_table";
-constexpr const char* kLogHelper = "g3_llvm_log";
-// The structured mask's row bounds (templates/mask_rule.h): g3_bounds_of.
-constexpr const char* kBoundsHelper = "g3_llvm_row_bounds";
+constexpr const char* kTileRowsHelper = "g3_llvm_tile_rows";
+constexpr const char* kTileClassHelper = "g3_llvm_tile_class";
+constexpr const char* kInitRowsHelper = "g3_llvm_init_rows";
+constexpr const char* kSoftmaxHelper = "g3_llvm_softmax_tile";
+constexpr const char* kFinishRowHelper = "g3_llvm_finish_row";
 
 struct IrTarget {
   std::string cpu;       // "target-cpu" attribute

@@ -39,6 +39,7 @@
 #include "errors.h"
 #include "jit_cache.h"
 #include "llvm_backend.h"
+#include "flash_ops.h"
 #include "llvm_ir.h"
 #include "mask_rule.h"
 
@@ -54,10 +55,33 @@ static void g3_llvm_rope_table(int64_t pos, const double* timescale, int64_t hal
     sin_out[i] = static_cast<float>(std::sin(theta));
   }
 }
-static double g3_llvm_log(double x) { return std::log(x); }
-// The structured mask's bounds of query token t (mask_rule.h, the one copy
-// of the rule): the emitted core compares stored positions and slots with them.
-static void g3_llvm_row_bounds(const g3_core_args* a, int64_t t, g3_row_bounds* out) { *out = g3_bounds_of(a, t); }
+// The structured mask (mask_rule.h, the one copy of the rule) for the
+// emitted core: the bounds of a query tile's rows (row tt * G + g is token
+// t0 + tt, clamped to T - 1 past the end) and their extremes.
+static void g3_llvm_tile_rows(const g3_core_args* a, int64_t t0, int64_t ntok, int64_t G, g3_row_bounds* rb,
+                              g3_row_set* rs) {
+  *rs = g3_row_set_empty();
+  for (int64_t tt = 0; tt < ntok; ++tt) {
+    const int64_t t = t0 + tt < a->T ? t0 + tt : a->T - 1;
+    const g3_row_bounds b = g3_bounds_of(a, t);
+    g3_row_set_add(rs, b);
+    for (int64_t g = 0; g < G; ++g) rb[tt * G + g] = b;
+  }
+}
+// A key tile's class against the rows (g3_classify) and, unless it is
+// skipped, its stored positions and validity (-1 valid, 0 invalid or past S).
+static int32_t g3_llvm_tile_class(const g3_core_args* a, int64_t s0, int64_t width, const g3_row_set* rs,
+                                  int32_t* kp, int32_t* kv) {
+  const g3_tile_info ti = g3_tile_info_of(a, s0, width);
+  const int c = g3_classify(&ti, rs);
+  if (c != G3_TILE_SKIP)
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t s = s0 + j;
+      kp[j] = s < a->S ? a->kpos[s] : 0;
+      kv[j] = s < a->S && a->kvalid[s] ? -1 : 0;
+    }
+  return c;
+}
 }
 
 namespace g3 {
@@ -224,7 +248,7 @@ struct Linked {
   std::shared_ptr<void> owner;
 };
 
-Linked link_object(const llvm::SmallVector<char, 0>& obj, std::string* err) {
+Linked link_object(const llvm::SmallVector<char, 0>& obj, const FlashOps& flash, std::string* err) {
   Jit& j = jit();
   auto& es = j.lljit->getExecutionSession();
   auto jd = j.lljit->createJITDylib("g3k" + std::to_string(j.next_dylib++));
@@ -237,9 +261,16 @@ Linked link_object(const llvm::SmallVector<char, 0>& obj, std::string* err) {
   auto flags = llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable;
   helpers[j.lljit->mangleAndIntern(llvmjit::kRopeHelper)] = {
       llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_rope_table), flags};
-  helpers[j.lljit->mangleAndIntern(llvmjit::kLogHelper)] = {llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_log), flags};
-  helpers[j.lljit->mangleAndIntern(llvmjit::kBoundsHelper)] = {
-      llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_row_bounds), flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kTileRowsHelper)] = {
+      llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_tile_rows), flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kTileClassHelper)] = {
+      llvm::orc::ExecutorAddr::fromPtr(&g3_llvm_tile_class), flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kInitRowsHelper)] = {llvm::orc::ExecutorAddr::fromPtr(flash.init_rows),
+                                                                   flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kSoftmaxHelper)] = {
+      llvm::orc::ExecutorAddr::fromPtr(flash.softmax_tile), flags};
+  helpers[j.lljit->mangleAndIntern(llvmjit::kFinishRowHelper)] = {
+      llvm::orc::ExecutorAddr::fromPtr(flash.finish_row), flags};
   auto remove = [&es, d] {
     if (auto e = es.removeJITDylib(*d)) llvm::consumeError(std::move(e));
   };
@@ -333,7 +364,7 @@ BackendKernels llvm_kernels_with(const KernelKey& key, const std::string& isa, J
     if (auto bytes = cache->load(id)) {
       llvm::SmallVector<char, 0> obj(bytes->begin(), bytes->end());
       std::string err;
-      l = link_object(obj, &err);
+      l = link_object(obj, flash_ops(isa), &err);
       if (l.qk) hit = true;
       else warn("kernel cache entry " + cache->entry_path(id) + " does not link (" + err + "); recompiling");
     }
@@ -343,7 +374,7 @@ BackendKernels llvm_kernels_with(const KernelKey& key, const std::string& isa, J
     ++g_compiles;
     if (cache) cache->store(id, obj.data(), obj.size());
     std::string err;
-    l = link_object(obj, &err);
+    l = link_object(obj, flash_ops(isa), &err);
     if (!l.qk) throw std::runtime_error("llvm backend: cannot link the kernel for " + key.str() + ": " + err);
   } else {
     ++g_hits;

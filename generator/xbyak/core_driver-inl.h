@@ -1,71 +1,22 @@
 // The C++ tile loop around the Xbyak micro-kernels (SPEC.md section 1.3
 // steps E-I with the structured mask of kernel_contract.h). Included by
 // core_driver.cc once per instruction set, inside `#pragma GCC target`, with
-// G3X_NS (namespace) and G3X_VL (f32 lanes) defined; the vector code uses
-// GCC vector extensions so one text serves AVX2 and AVX-512.
+// G3X_NS (namespace) and G3X_VL (f32 lanes) defined.
 //
 // Per query tile (Tq tokens x G heads = R rows, all in one tile so every
 // K/V element is loaded once per group):
 //   for each key block of kb keys:
-//     classify against the tile's query positions: hidden (skip: a local
-//       layer costs O(T x W)), fully visible, or partial (mask per element);
+//     classify against the tile's rows (mask_rule.h): hidden (skip: a local
+//       layer costs O(T x W)), fully visible, or partial;
 //     S = Q.K^T                  JIT QK kernel on the transposed key block
-//     online softmax (FlashAttention): m' = max(m, rowmax S),
-//       corr = exp(m - m'), P = exp(S - m'), l = l * corr + rowsum P
+//     masked online softmax      the shared step of templates/softmax-inl.h
+//                                (FlashOps, compiled for the same ISA)
 //     O = O * corr + P.V         JIT PV kernel
-//   out = O / l, lse = m + log l; rows that saw no visible key: zeros, -inf.
+//   out = O / l, lse = m + log l (the shared row finish).
 
 namespace G3X_NS {
 
-constexpr int VL = G3X_VL;
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-
 #define G3X_INLINE static inline __attribute__((always_inline))
-
-G3X_INLINE vf vload(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-G3X_INLINE void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-G3X_INLINE vf vsplat(float x) { return vf{} + x; }
-G3X_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
-
-// exp(x) for x <= 0 (the arguments here are logits minus their running
-// maximum): Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial for
-// e^r on |r| <= ln2/2 (relative error about 2 ulp), and 2^n through the
-// exponent bits. x below -87 (including -inf, a hidden key) gives exactly 0.
-G3X_INLINE vf vexp(vf x) {
-  const vf xc = vmax(x, vsplat(-87.0f));
-  const vf t = xc * 1.44269504088896341f;
-  const vf n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-  vf r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = vsplat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  const vf y = p * scale;
-  return x < vsplat(-87.0f) ? vf{} : y;
-}
-
-G3X_INLINE float hmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < VL; ++i) m = v[i] > m ? v[i] : m;
-  return m;
-}
-G3X_INLINE float hsum(vf v) {
-  float s = 0;
-  for (int i = 0; i < VL; ++i) s += v[i];
-  return s;
-}
 
 // Round n floats (n a multiple of VL) to bf16 and store them as consecutive
 // halves, i.e. n/2 dwords of pairs (x[2i] low, x[2i+1] high), the operand
@@ -101,8 +52,10 @@ struct Buf {
 
 struct Scratch {
   Buf<uint32_t> q, kt, vp, kpad, vpad;
-  Buf<float> s, p, o, m, l, corr;
+  Buf<float> s, o, m, l, corr;
   Buf<uint16_t> pb;
+  Buf<int32_t> kp, kv;
+  Buf<g3_row_bounds> rb;
   std::vector<uint8_t> kt_done, vp_done;
   std::vector<g3_tile_info> blocks;
   std::vector<g3_row_bounds> rows;
@@ -251,17 +204,19 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
 
   const int64_t Rmax = Tq * G;
   uint32_t* qs = sc.q.get(size_t(Rmax * depth));
-  float* s = sc.s.get(size_t(Rmax * kb));
-  float* p = sc.p.get(size_t(Rmax * kb));
+  float* s = sc.s.get(size_t(Rmax * kb));  // logits, then probabilities in place
   uint16_t* pb = sc.pb.get(size_t(Rmax * kb));
   float* o = sc.o.get(size_t(Rmax * dh));
   float* m = sc.m.get(size_t(Rmax));
   float* l = sc.l.get(size_t(Rmax));
   float* corr = sc.corr.get(size_t(Rmax));
+  int32_t* kp = sc.kp.get(size_t(kb));
+  int32_t* kv = sc.kv.get(size_t(kb));
+  g3_row_bounds* rb = sc.rb.get(size_t(Rmax));
   const size_t esz = c.bf16_kv ? 2 : 4;
   void* kpad = sc.kpad.get(size_t(kb * dh));
   void* vpad = sc.vpad.get(size_t(kb * dh));
-  const float ninf = -std::numeric_limits<float>::infinity();
+  const FlashOps& fo = *ctx->flash;
 
   for (int64_t t0 = 0; t0 < T; t0 += Tq) {
     const int64_t nt = std::min(Tq, T - t0), R = nt * G;
@@ -272,22 +227,23 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
       for (int64_t g = 0; g < G; ++g) {
         const float* src = a->q + (t0 + t) * a->q_stride + g * dh;
         const int64_t r = t * G + g;
+        rb[r] = sc.rows[size_t(t0 + t)];
         if (c.bf16_dot) to_bf16_pairs(src, reinterpret_cast<uint16_t*>(qs + r * depth), int(dh));
         else std::memcpy(qs + r * depth, src, size_t(dh) * 4);
       }
     }
     std::memset(o, 0, size_t(R * dh) * 4);
-    for (int64_t r = 0; r < R; ++r) m[r] = ninf, l[r] = 0;
+    fo.init_rows(R, m, l);
 
     for (int64_t b = 0; b < nblocks; ++b) {
       const g3_tile_info& bi = sc.blocks[size_t(b)];
       const int cls = g3_classify(&bi, &rs);
       if (cls == G3_TILE_SKIP) continue;  // hidden from every query of the tile
-      const bool full = cls == G3_TILE_FULL;
       const int64_t k0 = b * kb, nk = std::min<int64_t>(kb, S - k0);
 
       // Step E: logits. Few rows (decode): straight from the cache rows, the
-      // last partial block through a zero-padded copy.
+      // last partial block through a zero-padded copy. Columns past the end
+      // of the cache are masked by the softmax step (invalid slots).
       if (direct) {
         const void* kblk = static_cast<const char*>(a->k) + size_t(k0 * dh) * esz;
         if (nk < kb) {
@@ -297,62 +253,29 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
         }
         QkCall qc{qs, kblk, s, R};
         ctx->qk_direct(&qc);
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t k = nk; k < kb; ++k) s[r * kb + k] = ninf;
-      }
-      uint32_t* kt = keep ? kt_all + kt_block * b : kt_all;
-      if (!direct && (!keep || !sc.kt_done[size_t(b)])) {
-        transpose_keys(c, a->k, S, k0, kt);
-        if (keep) sc.kt_done[size_t(b)] = 1;
-      }
-      for (int st = 0; st < kb / c.tk && !direct; ++st) {
-        if (st * c.tk >= nk) {
-          for (int64_t r = 0; r < R; ++r)
-            for (int k = st * c.tk; k < kb; ++k) s[r * kb + k] = ninf;
-          break;
+      } else {
+        uint32_t* kt = keep ? kt_all + kt_block * b : kt_all;
+        if (!keep || !sc.kt_done[size_t(b)]) {
+          transpose_keys(c, a->k, S, k0, kt);
+          if (keep) sc.kt_done[size_t(b)] = 1;
         }
-        QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R};
-        ctx->qk(&qc);
-      }
-      // Step G, structured: hidden logits become -inf (excluded exactly).
-      if (!full) {
-        for (int64_t t = 0; t < nt; ++t) {
-          const g3_row_bounds rb = sc.rows[size_t(t0 + t)];
-          for (int64_t k = 0; k < kb; ++k) {
-            const int64_t slot = k0 + k;
-            const bool vis = slot < S && g3_visible(rb, slot, a->kpos[slot], a->kvalid[slot]);
-            if (!vis)
-              for (int64_t g = 0; g < G; ++g) s[(t * G + g) * kb + k] = ninf;
-          }
+        for (int st = 0; st < kb / c.tk && st * c.tk < nk; ++st) {
+          QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R};
+          ctx->qk(&qc);
         }
       }
-      // Step H, online: rescale what was accumulated to the new row maximum.
-      for (int64_t r = 0; r < R; ++r) {
-        float* sr = s + r * kb;
-        float* pr = p + r * kb;
-        vf mx = vsplat(ninf);
-        for (int j = 0; j < kb; j += VL) mx = vmax(mx, vload(sr + j));
-        const float mnew = std::max(m[r], hmax(mx));
-        if (mnew == ninf) {  // nothing visible yet: keep O = 0, l = 0
-          corr[r] = 1.f;
-          std::memset(pr, 0, size_t(kb) * 4);
-          continue;
+      // Steps G-H: the shared masked online softmax (templates/softmax-inl.h).
+      if (cls != G3_TILE_FULL)
+        for (int64_t k = 0; k < kb; ++k) {
+          const int64_t slot = k0 + k;
+          kp[k] = slot < S ? a->kpos[slot] : 0;
+          kv[k] = slot < S && a->kvalid[slot] ? -1 : 0;
         }
-        const float cr = std::exp(m[r] - mnew);  // exp(-inf) = 0 on the first visible block
-        vf sum{};
-        for (int j = 0; j < kb; j += VL) {
-          const vf e = vexp(vload(sr + j) - mnew);
-          sum += e;
-          vstore(pr + j, e);
-        }
-        l[r] = l[r] * cr + hsum(sum);
-        m[r] = mnew;
-        corr[r] = cr;
-      }
+      fo.softmax_tile(s, kb, R, kb, cls == G3_TILE_FULL, k0, kp, kv, rb, m, l, corr);
       // Step I: O = O * corr + P.V.
-      PvCall pc{p, nullptr, o, corr, R, nk};
+      PvCall pc{s, nullptr, o, corr, R, nk};
       if (c.bf16_dot) {
-        for (int64_t r = 0; r < R; ++r) to_bf16_pairs(p + r * kb, pb + r * kb, kb);
+        for (int64_t r = 0; r < R; ++r) to_bf16_pairs(s + r * kb, pb + r * kb, kb);
         uint32_t* vp = keep ? vp_all + vp_block * b : vp_all;
         if (!keep || !sc.vp_done[size_t(b)]) {
           repack_values(c, a->v, a->kvalid, S, k0, vp);
@@ -378,15 +301,13 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
       ctx->pv(&pc);
     }
 
-    // Normalise; rows with no visible key are zeros with lse = -inf.
+    // Normalise (the shared row finish); rows with no visible key are zeros
+    // with lse = -inf.
     for (int64_t t = 0; t < nt; ++t)
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = t * G + g;
-        float* dst = a->out + (t0 + t) * a->out_stride + g * dh;
-        const bool none = m[r] == ninf || !(l[r] > 0);
-        const float inv = none ? 0.f : 1.f / l[r];
-        for (int64_t h = 0; h < dh; h += VL) vstore(dst + h, vload(o + r * dh + h) * inv);
-        if (a->lse) a->lse[(t0 + t) * G + g] = none ? ninf : m[r] + std::log(l[r]);
+        fo.finish_row(o + r * dh, m[r], l[r], dh, a->out + (t0 + t) * a->out_stride + g * dh,
+                      a->lse ? a->lse + (t0 + t) * G + g : nullptr);
       }
   }
 }

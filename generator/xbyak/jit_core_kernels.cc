@@ -390,6 +390,7 @@ std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string
   auto t0 = std::chrono::steady_clock::now();
   auto k = std::make_shared<CoreKernels>();
   k->ctx.cfg = cfg;
+  k->ctx.flash = &flash_ops(cfg.isa == Isa::Avx512 ? "avx3" : "avx2");
   k->qk = std::make_unique<QkJit>(cfg);
   k->pv = std::make_unique<PvJit>(cfg);
   k->ctx.qk = k->qk->getCode<QkFn>();

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backend_api.h"
+#include "flash_ops.h"
 #include "kernel_contract.h"
 #include "kernel_key.h"
 #include "mask_rule.h"
@@ -71,9 +72,11 @@ struct PvCall {
 using QkFn = void (*)(const QkCall*);
 using PvFn = void (*)(const PvCall*);
 
-// The state the C++ tile loop needs: the config and the two micro-kernels.
+// The state the C++ tile loop needs: the config, the micro-kernels and the
+// shared online softmax compiled for the same ISA.
 struct CoreContext {
   CoreConfig cfg;
+  const FlashOps* flash = nullptr;
   QkFn qk = nullptr;
   PvFn pv = nullptr;
   // QK for tiles of few rows (decode) on keys in cache
