@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kernel_contract.h"
-#include "kernel_key.h"
+#include "generator/kernel_key.h"
+#include "templates/kernel_contract.h"
 
 namespace g3 {
 

@@ -1,6 +1,6 @@
 // The Gemma 3 catalogue: built-in sizes (SPEC.md section 3.1) and HF
 // config.json parsing (SPEC.md section 3.3), resolved into LayerSpecs.
-#include "catalogue.h"
+#include "generator/catalogue.h"
 
 #include <cmath>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "errors.h"
+#include "generator/errors.h"
 
 namespace g3 {
 

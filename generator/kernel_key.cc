@@ -1,8 +1,8 @@
-#include "kernel_key.h"
+#include "generator/kernel_key.h"
 
 #include <cstdio>
 
-#include "errors.h"
+#include "generator/errors.h"
 
 namespace g3 {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "catalogue.h"
+#include "generator/catalogue.h"
 
 namespace g3 {
 

@@ -1,8 +1,8 @@
-#include "emitter.h"
+#include "generator/highway/emitter.h"
 
 #include <cstdio>
 
-#include "errors.h"
+#include "generator/errors.h"
 
 namespace g3::hwygen {
 

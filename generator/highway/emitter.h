@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "catalogue.h"
-#include "kernel_key.h"
+#include "generator/catalogue.h"
+#include "generator/kernel_key.h"
 
 namespace g3::hwygen {
 

@@ -2,12 +2,12 @@
 // and row finish of templates/softmax-inl.h with C-compatible signatures,
 // once per compiled Highway target, and the table that picks one by ISA.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "flash_ops.cc"
+#define HWY_TARGET_INCLUDE "generator/highway/flash_ops.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
 
-#include "softmax-inl.h"
+#include "templates/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace g3 {
@@ -45,9 +45,9 @@ HWY_AFTER_NAMESPACE();
 
 #include <stdexcept>
 
-#include "backend_api.h"
-#include "flash_ops.h"
-#include "hwy_targets.h"
+#include "generator/backend_api.h"
+#include "generator/highway/flash_ops.h"
+#include "templates/hwy_targets.h"
 
 namespace g3 {
 namespace {

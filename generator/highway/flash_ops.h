@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "mask_rule.h"
+#include "templates/mask_rule.h"
 
 namespace g3 {
 

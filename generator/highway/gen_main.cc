@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "emitter.h"
-#include "errors.h"
+#include "generator/errors.h"
+#include "generator/highway/emitter.h"
 
 namespace {
 

@@ -9,13 +9,13 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
-#include "attention_registry.h"
-#include "backend_api.h"
-#include "emitter.h"
-#include "errors.h"
+#include "generator/backend_api.h"
+#include "generator/errors.h"
+#include "generator/highway/emitter.h"
+#include "templates/attention_registry.h"
 
 #if __has_include("projections.h")
-#include "projections.h"
+#include "generator/highway/projections.h"
 #define G3_HWY_HAVE_PROJECTIONS 1
 #endif
 

@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "backend_api.h"
-#include "catalogue.h"
-#include "kernel_key.h"
+#include "generator/backend_api.h"
+#include "generator/catalogue.h"
+#include "generator/kernel_key.h"
 
 // Thread CPU time, not wall time: the machine is shared, and CPU time of the
 // calling thread is what the kernel itself costs (it is single-threaded).

@@ -11,8 +11,8 @@
 #pragma once
 #include <string>
 
-#include "backend_api.h"
-#include "kernel_key.h"
+#include "generator/backend_api.h"
+#include "generator/kernel_key.h"
 
 namespace g3 {
 

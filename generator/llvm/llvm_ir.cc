@@ -15,7 +15,7 @@
 //     O = O * rescale + P V  (step I)
 // and a final O / l, lse = m + log l per row (zeros and -inf for a row with no
 // visible key, as the contract says).
-#include "llvm_ir.h"
+#include "generator/llvm/llvm_ir.h"
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -29,8 +29,8 @@
 #include <functional>
 #include <vector>
 
-#include "kernel_contract.h"
-#include "mask_rule.h"
+#include "templates/kernel_contract.h"
+#include "templates/mask_rule.h"
 
 namespace g3::llvmjit {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernel_key.h"
+#include "generator/kernel_key.h"
 
 namespace llvm {
 class Module;

@@ -36,12 +36,12 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "errors.h"
-#include "jit_cache.h"
-#include "llvm_backend.h"
-#include "flash_ops.h"
-#include "llvm_ir.h"
-#include "mask_rule.h"
+#include "generator/errors.h"
+#include "generator/highway/flash_ops.h"
+#include "generator/llvm/jit_cache.h"
+#include "generator/llvm/llvm_backend.h"
+#include "generator/llvm/llvm_ir.h"
+#include "templates/mask_rule.h"
 
 // Helpers the JIT'd code calls (registered as absolute symbols).
 extern "C" {

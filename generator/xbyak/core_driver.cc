@@ -13,7 +13,7 @@
 #include <new>
 #include <vector>
 
-#include "xbyak_core.h"
+#include "generator/xbyak/xbyak_core.h"
 
 namespace g3::xbyak {
 
@@ -36,7 +36,7 @@ namespace {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,bmi,bmi2")
 #define G3X_NS avx512_impl
 #define G3X_VL 16
-#include "core_driver-inl.h"
+#include "generator/xbyak/core_driver-inl.h"
 #undef G3X_NS
 #undef G3X_VL
 #pragma GCC pop_options
@@ -45,7 +45,7 @@ namespace {
 #pragma GCC target("avx2,fma,bmi,bmi2")
 #define G3X_NS avx2_impl
 #define G3X_VL 8
-#include "core_driver-inl.h"
+#include "generator/xbyak/core_driver-inl.h"
 #undef G3X_NS
 #undef G3X_VL
 #pragma GCC pop_options

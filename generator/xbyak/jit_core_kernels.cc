@@ -39,7 +39,7 @@
 #include <xbyak/xbyak.h>
 #include <xbyak/xbyak_util.h>
 
-#include "xbyak_core.h"
+#include "generator/xbyak/xbyak_core.h"
 
 namespace g3::xbyak {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <xbyak/xbyak_util.h>
 
-#include "errors.h"
-#include "xbyak_core.h"
+#include "generator/errors.h"
+#include "generator/xbyak/xbyak_core.h"
 
 namespace g3::xbyak {
 

@@ -18,11 +18,11 @@
 #include <memory>
 #include <string>
 
-#include "backend_api.h"
-#include "flash_ops.h"
-#include "kernel_contract.h"
-#include "kernel_key.h"
-#include "mask_rule.h"
+#include "generator/backend_api.h"
+#include "generator/highway/flash_ops.h"
+#include "generator/kernel_key.h"
+#include "templates/kernel_contract.h"
+#include "templates/mask_rule.h"
 
 namespace g3::xbyak {
 

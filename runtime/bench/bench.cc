@@ -3,7 +3,7 @@
 // kernel contract says, split across our own std::threads the way a runtime
 // would split them (KV heads x query tiles for prefill, KV heads x KV chunks
 // merged by log-sum-exp for decode, column panels for the projections).
-#include "bench.h"
+#include "runtime/bench/bench.h"
 
 #include <immintrin.h>
 #include <unistd.h>
@@ -24,14 +24,14 @@
 #include <set>
 #include <thread>
 
-#include "backend_api.h"
-#include "bf16.h"
-#include "catalogue.h"
-#include "errors.h"
-#include "isa.h"
-#include "kernel_registry.h"
-#include "packed_weights.h"
-#include "reference.h"
+#include "generator/backend_api.h"
+#include "generator/bf16.h"
+#include "generator/catalogue.h"
+#include "generator/errors.h"
+#include "runtime/dispatch/isa.h"
+#include "runtime/dispatch/kernel_registry.h"
+#include "runtime/dispatch/packed_weights.h"
+#include "runtime/reference/reference.h"
 
 namespace g3::bench {
 

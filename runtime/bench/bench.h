@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kernel_key.h"
-#include "peaks.h"
+#include "generator/kernel_key.h"
+#include "runtime/bench/peaks.h"
 
 namespace g3::bench {
 

@@ -1,7 +1,7 @@
 // Machine peaks for `g3attn bench`. The hot loops carry their ISA in a
 // function target attribute and are chosen at run time with
 // __builtin_cpu_supports, so the binary stays portable (no global -m flags).
-#include "peaks.h"
+#include "runtime/bench/peaks.h"
 
 #include <immintrin.h>
 

@@ -3,11 +3,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "apply.h"
-#include "args.h"
-#include "commands.h"
-#include "errors.h"
-#include "npy.h"
+#include "generator/errors.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/exec/apply.h"
+#include "runtime/io/npy.h"
 
 namespace g3::cli {
 

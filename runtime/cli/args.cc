@@ -1,4 +1,4 @@
-#include "args.h"
+#include "runtime/cli/args.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -6,8 +6,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "errors.h"
-#include "npy.h"
+#include "generator/errors.h"
+#include "runtime/io/npy.h"
 
 namespace g3::cli {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "text_table.h"
+#include "runtime/report/text_table.h"
 
 namespace g3::cli {
 
@@ -52,7 +52,7 @@ std::string fmt_double(double v, int precision = 6);
 
 }  // namespace g3::cli
 
-#include "catalogue.h"
+#include "generator/catalogue.h"
 namespace g3::cli {
 // --model NAME or --config FILE, exactly one (model may default).
 g3::ModelConfig model_from_args(const Args& a, const std::string& default_model = "");

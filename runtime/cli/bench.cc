@@ -11,14 +11,14 @@
 #include <sstream>
 #include <thread>
 
-#include "args.h"
-#include "bench/bench.h"
-#include "bench/report.h"
-#include "backend_api.h"
-#include "commands.h"
-#include "errors.h"
-#include "isa.h"
-#include "npy.h"
+#include "generator/backend_api.h"
+#include "generator/errors.h"
+#include "runtime/bench/bench.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/dispatch/isa.h"
+#include "runtime/io/npy.h"
+#include "runtime/report/bench_report.h"
 
 namespace g3::cli {
 

@@ -5,14 +5,14 @@
 #include <filesystem>
 #include <iostream>
 
-#include "args.h"
-#include "commands.h"
-#include "errors.h"
-#include "kernel_key.h"
-#include "npy.h"
+#include "generator/errors.h"
+#include "generator/kernel_key.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/io/npy.h"
 
 #ifdef G3_HIGHWAY_AVAILABLE
-#include "emitter.h"
+#include "generator/highway/emitter.h"
 #endif
 
 namespace g3::cli {

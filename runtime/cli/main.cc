@@ -3,8 +3,8 @@
 #include <iostream>
 #include <new>
 
-#include "commands.h"
-#include "errors.h"
+#include "generator/errors.h"
+#include "runtime/cli/commands.h"
 
 namespace {
 

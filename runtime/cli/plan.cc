@@ -4,15 +4,15 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "args.h"
-#include "commands.h"
-#include "errors.h"
-#include "isa.h"
-#include "kernel_key.h"
-#include "kernel_registry.h"
-#include "kv_cache.h"
+#include "generator/errors.h"
+#include "generator/kernel_key.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/dispatch/isa.h"
+#include "runtime/dispatch/kernel_registry.h"
+#include "runtime/exec/kv_cache.h"
 #ifdef G3_LLVM_AVAILABLE
-#include "llvm_backend.h"
+#include "generator/llvm/llvm_backend.h"
 #endif
 
 namespace g3::cli {

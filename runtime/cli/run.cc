@@ -9,12 +9,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "args.h"
-#include "checkpoint.h"
-#include "commands.h"
-#include "errors.h"
-#include "model.h"
-#include "thread_pool.h"
+#include "generator/errors.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/exec/run.h"
+#include "runtime/exec/thread_pool.h"
+#include "runtime/io/checkpoint.h"
 
 namespace g3::cli {
 

@@ -9,7 +9,7 @@
 #include <new>
 #include <string>
 
-#include "errors.h"
+#include "generator/errors.h"
 
 namespace g3fuzz {
 

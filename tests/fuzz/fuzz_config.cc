@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "catalogue.h"
-#include "fuzz_common.h"
+#include "generator/catalogue.h"
+#include "tests/fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   g3fuzz::expect_ok_or_input_error("config", [&] {

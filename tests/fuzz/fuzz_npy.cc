@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fuzz_common.h"
-#include "npy.h"
+#include "runtime/io/npy.h"
+#include "tests/fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   g3fuzz::expect_ok_or_input_error("npy", [&] {

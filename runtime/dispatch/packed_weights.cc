@@ -1,0 +1,59 @@
+#include "runtime/dispatch/packed_weights.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "generator/bf16.h"
+
+namespace g3 {
+
+size_t PackedWeights::bytes() const {
+  return static_cast<size_t>(panels()) * G3_PANEL * K * (dtype == DType::F32 ? 4 : 2);
+}
+
+g3_gemm_args PackedWeights::args(const float* a, int64_t M, int64_t lda, float* c, int64_t ldc, int64_t n0,
+                                 int64_t n1) const {
+  g3_gemm_args g{};
+  g.M = M;
+  g.K = K;
+  g.N = N;
+  g.a = a;
+  g.lda = lda;
+  g.w = data();
+  g.w_dtype = dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
+  g.n_begin = n0;
+  g.n_end = n1;
+  g.c = c;
+  g.ldc = ldc;
+  return g;
+}
+
+PackedWeights pack_weights(const WeightMatrix& w) {
+  PackedWeights p;
+  p.dtype = w.dtype;
+  p.N = w.rows;
+  p.K = w.cols;
+  size_t bytes = p.bytes();
+  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (!mem) throw std::bad_alloc();
+  std::memset(mem, 0, (bytes + 63) / 64 * 64 + 64);
+  p.storage = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
+  for (int64_t n = 0; n < p.N; ++n) {
+    int64_t panel = n / G3_PANEL, j = n % G3_PANEL;
+    for (int64_t k = 0; k < p.K; ++k) {
+      size_t idx = (static_cast<size_t>(panel) * p.K + k) * G3_PANEL + j;
+      if (p.dtype == DType::F32) reinterpret_cast<float*>(mem)[idx] = w.f32[n * w.cols + k];
+      else reinterpret_cast<uint16_t*>(mem)[idx] = w.bf16[n * w.cols + k];
+    }
+  }
+  return p;
+}
+
+float packed_at(const PackedWeights& p, int64_t n, int64_t k) {
+  size_t idx = (static_cast<size_t>(n / G3_PANEL) * p.K + k) * G3_PANEL + n % G3_PANEL;
+  if (p.dtype == DType::F32) return static_cast<const float*>(p.data())[idx];
+  return bf16_to_f32(static_cast<const uint16_t*>(p.data())[idx]);
+}
+
+}  // namespace g3

@@ -1,0 +1,334 @@
+#include "runtime/exec/block.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "generator/errors.h"
+
+namespace g3 {
+
+static WeightMatrix stack_rows(const std::vector<const WeightMatrix*>& parts) {
+  WeightMatrix out;
+  out.cols = parts[0]->cols;
+  out.dtype = parts[0]->dtype;
+  for (const WeightMatrix* p : parts)
+    if (p->dtype != out.dtype) out.dtype = DType::F32;  // mixed dtypes: widen
+  for (const WeightMatrix* p : parts) {
+    out.rows += p->rows;
+    if (out.dtype == DType::BF16) {
+      out.bf16.insert(out.bf16.end(), p->bf16.begin(), p->bf16.end());
+    } else {
+      std::vector<float> f = p->to_f32();
+      out.f32.insert(out.f32.end(), f.begin(), f.end());
+    }
+  }
+  return out;
+}
+
+PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
+                            const std::string& isa) {
+  PreparedLayer L;
+  L.spec = spec;
+  L.key = kernel_key(spec, kv_dtype, w.q_proj.dtype);
+  L.kernels = kernels_for(L.key, backend, isa);
+  L.wqkv = pack_weights(stack_rows({&w.q_proj, &w.k_proj, &w.v_proj}));
+  L.wo = pack_weights(w.o_proj);
+  L.q_norm = w.q_norm;
+  L.k_norm = w.k_norm;
+  L.input_norm = w.input_norm;
+  L.post_norm = w.post_norm;
+  return L;
+}
+
+void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* positions, const int32_t* key_real,
+                       int64_t B, int64_t T, float* block_out, float* attn_out) {
+  const LayerSpec& s = L.spec;
+  const g3_kernel_table& k = L.kernels.kernels.table;
+  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
+  const int64_t QKV = (N + 2 * K) * H;
+  const size_t esz = L.key.kv_dtype == DType::F32 ? 4 : 2;
+
+  std::vector<float> u(size_t(T * D)), qkv(size_t(T * QKV)), q(size_t(T * N * H)), enc(size_t(T * N * H)),
+      a(size_t(T * D));
+  std::vector<uint8_t> kcache(size_t(K * T * H) * esz), vcache(size_t(K * T * H) * esz);
+  std::vector<uint8_t> valid(static_cast<size_t>(T));
+  std::vector<int64_t> slot(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) slot[t] = t;
+
+  for (int64_t b = 0; b < B; ++b) {
+    const float* xb = x + b * T * D;
+    const int32_t* pb = positions + b * T;
+    // Step 1: pre-norm; step A: fused q/k/v projection.
+    k.rmsnorm(xb, T, D, D, L.input_norm.data(), s.rms_eps, nullptr, u.data(), D);
+    g3_gemm_args ga = L.wqkv.args(u.data(), T, D, qkv.data(), QKV, 0, QKV);
+    k.gemm(&ga);
+    // Steps B-D: QK-norm, RoPE, alpha; K/V into this row's cache (slot t = token t).
+    g3_qk_args qa{};
+    qa.T = T;
+    qa.num_heads = int32_t(N);
+    qa.num_kv_heads = int32_t(K);
+    qa.q = qkv.data();
+    qa.q_stride = QKV;
+    qa.k = qkv.data() + N * H;
+    qa.v = qkv.data() + (N + K) * H;
+    qa.kv_stride = QKV;
+    qa.pos = pb;
+    qa.q_norm = L.q_norm.data();
+    qa.k_norm = L.k_norm.data();
+    qa.q_out = q.data();
+    qa.q_out_stride = N * H;
+    qa.k_cache = kcache.data();
+    qa.v_cache = vcache.data();
+    qa.cache_head_stride = T;
+    qa.slot = slot.data();
+    qa.head_dim = int32_t(H);
+    qa.kv_dtype = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
+    qa.alpha = s.alpha;
+    qa.eps = s.rms_eps;
+    qa.rope_base = s.rope_base;
+    qa.rope_scale = s.rope_scale;
+    k.qk(&qa);
+    for (int64_t t = 0; t < T; ++t) valid[t] = key_real ? key_real[b * T + t] != 0 : 1;
+    // Steps E-I per KV head, its G query heads together.
+    for (int64_t j = 0; j < K; ++j) {
+      g3_core_args ca{};
+      ca.T = T;
+      ca.q = q.data() + j * G * H;
+      ca.q_stride = N * H;
+      ca.qpos = pb;
+      ca.k = kcache.data() + size_t(j * T * H) * esz;
+      ca.v = vcache.data() + size_t(j * T * H) * esz;
+      ca.S = T;
+      ca.kpos = pb;
+      ca.kvalid = valid.data();
+      ca.out = enc.data() + j * G * H;
+      ca.out_stride = N * H;
+      ca.lse = nullptr;
+      ca.head_dim = int32_t(H);
+      ca.group = int32_t(G);
+      ca.window = s.window;
+      ca.kv_dtype = qa.kv_dtype;
+      // Keys are this call's tokens in order: causality by slot (SPEC 1.4),
+      // positions only feed RoPE and the window, whatever they are.
+      ca.causal = G3_CAUSAL_SLOTS;
+      ca.causal_offset = 0;
+      k.core(&ca);
+    }
+    // Step J: output projection; steps 3-4: post-norm and residual.
+    float* ab = attn_out ? attn_out + b * T * D : a.data();
+    g3_gemm_args go = L.wo.args(enc.data(), T, N * H, ab, D, 0, D);
+    k.gemm(&go);
+    k.rmsnorm(ab, T, D, D, L.post_norm.data(), s.rms_eps, xb, block_out + b * T * D, D);
+  }
+}
+
+}  // namespace g3
+
+// ---------------------------------------------------------------------------
+// The cached, threaded block (model stack).
+
+namespace g3 {
+
+namespace {
+
+template <class V>
+void grow(V& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+// c[M][N] = a[M][K] . W^T (SPEC 1.3 steps A and J), split into row blocks x
+// column groups of whole panels, as the contract requires.
+void parallel_gemm(ThreadPool& pool, const g3_kernel_table& k, const PackedWeights& W, const float* a, int64_t M,
+                   int64_t lda, float* c, int64_t ldc, const BlockSplit& sp) {
+  const int64_t rb = sp.row_block, cb = sp.col_panels * G3_PANEL;
+  const int64_t nr = (M + rb - 1) / rb, nc = (W.N + cb - 1) / cb;
+  pool.parallel_for(nr * nc, [&](int64_t i) {
+    const int64_t r0 = (i / nc) * rb, r1 = std::min(M, r0 + rb);
+    const int64_t n0 = (i % nc) * cb, n1 = std::min(W.N, n0 + cb);
+    g3_gemm_args g = W.args(a + r0 * lda, r1 - r0, lda, c + r0 * ldc, ldc, n0, n1);
+    k.gemm(&g);
+  });
+}
+
+}  // namespace
+
+void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
+                      const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
+                      const BlockSplit& sp) {
+  const LayerSpec& s = L.spec;
+  const g3_kernel_table& k = L.kernels.kernels.table;
+  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
+  const int64_t QKV = (N + 2 * K) * H, R = B * T;
+  const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
+  const size_t esz = cache.element_size();
+  const int64_t cap = cache.capacity();
+  if (B != cache.batch()) throw InputError("block: batch " + std::to_string(B) + " does not match the cache's " +
+                                           std::to_string(cache.batch()));
+  if (T < 1) return;
+
+  grow(S.u, size_t(R * D));
+  grow(S.qkv, size_t(R * QKV));
+  grow(S.q, size_t(R * N * H));
+  grow(S.enc, size_t(R * N * H));
+  grow(S.a, size_t(R * D));
+  grow(S.slot, size_t(R));
+
+  // Slots first (serial, cheap), before any kernel runs: every row is checked
+  // before any row takes a slot, so a refused call leaves the cache as it
+  // was; then each real token gets the slot its K/V goes to.
+  for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
+  for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
+
+  // Step 1: pre-norm (SPEC 1.2 / 2.1).
+  const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;
+  pool.parallel_for(ntb, [&](int64_t i) {
+    const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
+    k.rmsnorm(x + r0 * D, r1 - r0, D, D, L.input_norm.data(), s.rms_eps, nullptr, S.u.data() + r0 * D, D);
+  });
+  // Step A: the fused q/k/v projection.
+  parallel_gemm(pool, k, L.wqkv, S.u.data(), R, D, S.qkv.data(), QKV, sp);
+
+  // Steps B-D: QK-norm, RoPE, alpha, cache write; tokens of a row are
+  // independent and their slots distinct, so token blocks run in parallel.
+  const int64_t tblocks = (T + tb - 1) / tb;
+  pool.parallel_for(B * tblocks, [&](int64_t i) {
+    const int64_t b = i / tblocks, t0 = (i % tblocks) * tb, t1 = std::min(T, t0 + tb);
+    const int64_t r0 = b * T + t0;
+    g3_qk_args qa{};
+    qa.T = t1 - t0;
+    qa.num_heads = int32_t(N);
+    qa.num_kv_heads = int32_t(K);
+    qa.q = S.qkv.data() + r0 * QKV;
+    qa.q_stride = QKV;
+    qa.k = qa.q + N * H;
+    qa.v = qa.q + (N + K) * H;
+    qa.kv_stride = QKV;
+    qa.pos = positions + r0;
+    qa.q_norm = L.q_norm.data();
+    qa.k_norm = L.k_norm.data();
+    qa.q_out = S.q.data() + r0 * N * H;
+    qa.q_out_stride = N * H;
+    qa.k_cache = cache.k(b);
+    qa.v_cache = cache.v(b);
+    qa.cache_head_stride = cap;
+    qa.slot = S.slot.data() + r0;
+    qa.head_dim = int32_t(H);
+    qa.kv_dtype = kvd;
+    qa.alpha = s.alpha;
+    qa.eps = s.rms_eps;
+    qa.rope_base = s.rope_base;
+    qa.rope_scale = s.rope_scale;
+    k.qk(&qa);
+  });
+
+  // Steps E-I: the attention core for each KV head and its G query heads.
+  auto core_args = [&](int64_t b, int64_t j, int64_t t0, int64_t t1, int64_t s0, int64_t s1, float* out,
+                       int64_t out_stride, float* lse) {
+    const int64_t r0 = b * T + t0;
+    const uint8_t* kb = static_cast<const uint8_t*>(cache.k(b)) + size_t((j * cap + s0) * H) * esz;
+    const uint8_t* vb = static_cast<const uint8_t*>(cache.v(b)) + size_t((j * cap + s0) * H) * esz;
+    g3_core_args ca{};
+    ca.T = t1 - t0;
+    ca.q = S.q.data() + r0 * N * H + j * G * H;
+    ca.q_stride = N * H;
+    ca.qpos = positions + r0;
+    ca.k = kb;
+    ca.v = vb;
+    ca.S = s1 - s0;
+    ca.kpos = cache.kpos(b) + s0;
+    ca.kvalid = cache.kvalid(b) + s0;
+    ca.out = out;
+    ca.out_stride = out_stride;
+    ca.lse = lse;
+    ca.head_dim = int32_t(H);
+    ca.group = int32_t(G);
+    ca.window = s.window;
+    ca.kv_dtype = kvd;
+    return ca;
+  };
+  // Slots row b's queries t0..t1-1 may see: on a full-length buffer slots are
+  // in position order, so scanning stops after the last key position <= the
+  // tile's largest query position (the causal tile skip); a ring is scanned
+  // whole (it is at most W + C - 1 slots).
+  auto scan_end = [&](int64_t b, int64_t t0, int64_t t1) -> int64_t {
+    const int64_t used = cache.used(b);
+    if (cache.is_ring()) return used;
+    int32_t qmax = positions[b * T + t0];
+    for (int64_t t = t0 + 1; t < t1; ++t) qmax = std::max(qmax, positions[b * T + t]);
+    const int32_t* kp = cache.kpos(b);
+    return std::upper_bound(kp, kp + used, qmax) - kp;
+  };
+
+  bool split_kv = false;
+  int64_t max_scan = 0;
+  if (T <= sp.decode_max_tokens) {
+    for (int64_t b = 0; b < B; ++b) max_scan = std::max(max_scan, scan_end(b, 0, T));
+    split_kv = max_scan > sp.kv_chunk;
+  }
+  if (!split_kv) {
+    const int64_t qt = sp.query_tile, nqt = (T + qt - 1) / qt;
+    pool.parallel_for(B * K * nqt, [&](int64_t i) {
+      const int64_t b = i / (K * nqt), j = (i / nqt) % K, t0 = (i % nqt) * qt, t1 = std::min(T, t0 + qt);
+      float* out = S.enc.data() + (b * T + t0) * N * H + j * G * H;
+      const int64_t s_end = scan_end(b, t0, t1);
+      if (s_end == 0) {  // nothing visible (a tile of leading padding): zeros, like the kernels
+        for (int64_t t = t0; t < t1; ++t) std::fill(out + (t - t0) * N * H, out + (t - t0) * N * H + G * H, 0.f);
+        return;
+      }
+      g3_core_args ca = core_args(b, j, t0, t1, 0, s_end, out, N * H, nullptr);
+      k.core(&ca);
+    });
+  } else {
+    // Long decode: each KV head's slots are cut into fixed chunks that run in
+    // parallel, each returning its normalised output and log-sum-exp; then
+    //   o = sum_c exp(lse_c - m) o_c / sum_c exp(lse_c - m),  m = max_c lse_c.
+    const int64_t nch = (max_scan + sp.kv_chunk - 1) / sp.kv_chunk;
+    const int64_t per = T * G * H;  // one (b, j, chunk) partial output
+    grow(S.part_out, size_t(B * K * nch * per));
+    grow(S.part_lse, size_t(B * K * nch * T * G));
+    pool.parallel_for(B * K * nch, [&](int64_t i) {
+      const int64_t b = i / (K * nch), j = (i / nch) % K, c = i % nch;
+      const int64_t s_end = scan_end(b, 0, T), s0 = c * sp.kv_chunk, s1 = std::min(s_end, s0 + sp.kv_chunk);
+      float* out = S.part_out.data() + i * per;
+      float* lse = S.part_lse.data() + i * T * G;
+      if (s0 >= s1) {
+        std::fill(out, out + per, 0.f);
+        std::fill(lse, lse + T * G, -INFINITY);
+        return;
+      }
+      g3_core_args ca = core_args(b, j, 0, T, s0, s1, out, G * H, lse);
+      k.core(&ca);
+    });
+    pool.parallel_for(B * K, [&](int64_t i) {
+      const int64_t b = i / K, j = i % K;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+          float m = -INFINITY;
+          for (int64_t c = 0; c < nch; ++c) m = std::max(m, S.part_lse[size_t(((i * nch + c) * T + t) * G + g)]);
+          float* dst = S.enc.data() + (b * T + t) * N * H + (j * G + g) * H;
+          std::fill(dst, dst + H, 0.f);
+          if (m == -INFINITY) continue;  // no visible key: zeros, like the kernels
+          float wsum = 0;
+          for (int64_t c = 0; c < nch; ++c) {
+            const float l = S.part_lse[size_t(((i * nch + c) * T + t) * G + g)];
+            if (l == -INFINITY) continue;
+            const float w = std::exp(l - m);
+            wsum += w;
+            const float* o = S.part_out.data() + (i * nch + c) * per + (t * G + g) * H;
+            for (int64_t h = 0; h < H; ++h) dst[h] += w * o[h];
+          }
+          for (int64_t h = 0; h < H; ++h) dst[h] /= wsum;
+        }
+    });
+  }
+
+  // Step J: output projection; steps 3-4: post-norm and the residual.
+  parallel_gemm(pool, k, L.wo, S.enc.data(), R, N * H, S.a.data(), D, sp);
+  pool.parallel_for(ntb, [&](int64_t i) {
+    const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
+    k.rmsnorm(S.a.data() + r0 * D, r1 - r0, D, D, L.post_norm.data(), s.rms_eps, x + r0 * D, y + r0 * D, D);
+  });
+}
+
+}  // namespace g3

@@ -1,0 +1,69 @@
+// One layer's attention block on the fast kernels: weights packed once,
+// kernels resolved once (one dispatch at the top, same-target calls below),
+// then called through the kernel contract. Two entry points: without a cache
+// (`g3attn apply`, the golden cases) and with a KV cache, threaded (the
+// model stack of model.h: chunked prefill and decode).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generator/catalogue.h"
+#include "generator/kernel_key.h"
+#include "runtime/dispatch/kernel_registry.h"
+#include "runtime/dispatch/packed_weights.h"
+#include "runtime/exec/kv_cache.h"
+#include "runtime/exec/thread_pool.h"
+#include "runtime/io/layer_weights.h"
+
+namespace g3 {
+
+struct PreparedLayer {
+  LayerSpec spec;
+  KernelKey key;
+  KernelChoice kernels;
+  // q, k and v projections fused into one [N*dh + 2*Nkv*dh, D] matrix so the
+  // normed input is streamed once; then the output projection.
+  PackedWeights wqkv, wo;
+  std::vector<float> q_norm, k_norm, input_norm, post_norm;
+};
+
+PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
+                            const std::string& isa);
+
+// One block call without a cache, as `g3attn apply` and the golden cases
+// run it: B rows of T tokens; keys are this call's tokens; key_real[b*T+s]
+// marks real tokens (null: all real). Rows with no visible key are
+// don't-care (zeros in attn_out). attn_out may be null.
+void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* positions, const int32_t* key_real,
+                       int64_t B, int64_t T, float* block_out, float* attn_out);
+
+// Buffers reused from call to call and layer to layer (sized on first use).
+struct BlockScratch {
+  std::vector<float> u, qkv, q, enc, a, part_out, part_lse;
+  std::vector<int64_t> slot;
+};
+
+// How run_block_cached splits its work. The split depends only on the shapes,
+// never on the number of threads, so results are bit-identical for any pool.
+struct BlockSplit {
+  int64_t row_block = 64;          // GEMM rows per work item
+  int64_t col_panels = 4;          // GEMM output columns per item, in G3_PANEL units
+  int64_t token_block = 32;        // rows per rmsnorm / qk item
+  int64_t query_tile = 64;         // query tokens per attention-core item
+  int64_t kv_chunk = 512;          // decode: slots per core item, merged by lse
+  int64_t decode_max_tokens = 8;   // calls with at most this many tokens split KV
+};
+
+// One block call that appends to a KV cache: B rows of T new tokens each,
+// x and y [B][T][D] (y must not alias x), positions [B][T]; real[b*T+t] == 0
+// marks a padding token (never written to the cache, its output row is
+// computed but is don't-care when it sees no key); real may be null. Keys are
+// every real token the cache holds for the row, including this call's.
+// Equals the official full-length layout (SPEC 1.3-1.6) for every row with at
+// least one visible key, within f32 rounding.
+void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
+                      const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& scratch,
+                      const BlockSplit& split = {});
+
+}  // namespace g3

@@ -1,0 +1,306 @@
+// `g3attn bench` end to end on a tiny shape: the JSON schema, CSV and SVG
+// outputs, --compare, and bad input. Timings are never asserted (the
+// machine is shared); only that numbers are finite and positive where the
+// schema says they must be.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "runtime/bench/bench.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using nlohmann::json;
+
+// The tiny run every case shares: one model, all four phases, reference on
+// scalar, one timed run per row. A few seconds, mostly the peaks.
+std::vector<std::string> tiny_args() {
+  return {"bench", "--model", "1b", "--context", "64", "--new-tokens", "16", "--repeat", "1", "--backend",
+          "reference", "--isa", "scalar", "--phase", "all", "--threads", "2"};
+}
+
+bool positive_number(const json& v) { return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0; }
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  if (!s.empty() && s.back() != '\n') ++n;
+  return n;
+}
+
+void check_schema(const json& j) {
+  REQUIRE(j.is_object());
+  for (const char* k : {"machine", "peaks", "rows", "notes"}) REQUIRE(j.contains(k));
+  const json& m = j["machine"];
+  for (const char* k : {"cpu", "cores", "threads", "isas_runnable", "isas_compiled", "build_flags"})
+    CHECK(m.contains(k));
+  const json& p = j["peaks"];
+  for (const char* k : {"threads", "fp32_gflops", "bf16_gflops", "dram_read_gbs"}) REQUIRE(p.contains(k));
+  CHECK(p["threads"] == 2);
+  CHECK(positive_number(p["fp32_gflops"]));
+  CHECK(positive_number(p["dram_read_gbs"]));
+  CHECK((p["bf16_gflops"].is_null() || positive_number(p["bf16_gflops"])));
+  REQUIRE(j["rows"].is_array());
+  REQUIRE(!j["rows"].empty());
+  std::set<std::string> phases;
+  for (const json& r : j["rows"]) {
+    for (const char* k : {"backend", "route", "isa", "model", "kind", "phase", "kv_dtype", "weight_dtype", "batch",
+                          "new_tokens", "context", "ms_median", "ms_min", "gflops", "gbs", "pct_peak",
+                          "vs_reference", "vs_best"})
+      REQUIRE(r.contains(k));
+    INFO(r.dump());
+    CHECK(r["backend"] == "reference");
+    CHECK(r["route"] == "reference");
+    CHECK(r["isa"] == "scalar");
+    CHECK(r["model"] == "1b");
+    CHECK(r["batch"] == 1);
+    phases.insert(r["phase"].get<std::string>());
+    CHECK(positive_number(r["ms_median"]));
+    CHECK(positive_number(r["ms_min"]));
+    CHECK(r["ms_min"].get<double>() <= r["ms_median"].get<double>());
+    CHECK(positive_number(r["gflops"]));
+    CHECK(positive_number(r["pct_peak"]));
+    // The reference is the only backend here, so it is its own reference
+    // and the best of every shape.
+    CHECK(r["vs_reference"].get<double>() == Approx(1.0));
+    CHECK(r["vs_best"].get<double>() == Approx(1.0));
+    if (r["phase"] == "decode") {
+      CHECK(r["new_tokens"] == 1);
+      CHECK(positive_number(r["gbs"]));
+    } else {
+      CHECK(r["gbs"].is_null());
+    }
+    if (r["phase"] == "projections") {
+      CHECK(r["context"].is_null());
+    } else {
+      CHECK(r["context"] == 64);
+      CHECK((r["kind"] == "local" || r["kind"] == "global"));
+    }
+    if (r["phase"] == "prefill") CHECK(r["new_tokens"] == 16);
+  }
+  CHECK(phases == std::set<std::string>{"prefill", "decode", "block", "projections"});
+}
+
+}  // namespace
+
+TEST_CASE("bench writes JSON, CSV and SVG for a tiny shape, and compares two runs", "[bench]") {
+  g3test::TempDir dir;
+  const std::string j1 = dir.file("a.json"), j2 = dir.file("b.json"), csv = dir.file("rows.csv"),
+                    svg = dir.file("chart.svg");
+  auto args = tiny_args();
+  for (const auto& s : {"--json", j1.c_str(), "--csv", csv.c_str(), "--svg", svg.c_str()}) args.push_back(s);
+  g3test::CmdResult r = g3test::run_g3attn(args);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // With --json FILE the table still goes to stdout, with the FLOP rule.
+  CHECK(r.out.find("peaks (2 threads)") != std::string::npos);
+  CHECK(r.out.find("ms_med") != std::string::npos);
+  CHECK(r.out.find("4 x dh x N_heads") != std::string::npos);
+
+  json a = json::parse(g3test::read_text(j1));
+  check_schema(a);
+  const size_t nrows = a["rows"].size();
+
+  // CSV: the header, then one line per JSON row with the same field count.
+  std::stringstream cs(g3test::read_text(csv));
+  std::string line;
+  std::getline(cs, line);
+  CHECK(line ==
+        "backend,isa,model,kind,phase,kv_dtype,weight_dtype,batch,new_tokens,context,ms_median,ms_min,gflops,gbs,"
+        "pct_peak,vs_reference,vs_best");
+  size_t lines = 0;
+  while (std::getline(cs, line)) {
+    if (line.empty()) continue;
+    ++lines;
+    CHECK(std::count(line.begin(), line.end(), ',') == 16);
+    CHECK(line.rfind("reference,scalar,1b,", 0) == 0);
+  }
+  CHECK(lines == nrows);
+
+  // SVG: one document, a bar per row, a legend entry, axis labels.
+  std::string s = g3test::read_text(svg);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  CHECK(s.rfind("<svg", 0) == 0);
+  CHECK(s.size() >= 6);
+  CHECK(s.substr(s.size() - 6) == "</svg>");
+  size_t titles = 0;
+  for (size_t p = s.find("<title>"); p != std::string::npos; p = s.find("<title>", p + 1)) ++titles;
+  CHECK(titles == nrows);
+  CHECK(s.find("reference scalar") != std::string::npos);
+  CHECK(s.find("% of peak") != std::string::npos);
+  CHECK(std::count(s.begin(), s.end(), '<') == std::count(s.begin(), s.end(), '>'));
+
+  // A second run compared with the first: every row matches, none missing.
+  auto args2 = tiny_args();
+  for (const auto& x : {"--json", j2.c_str(), "--compare", j1.c_str(), "--threshold", "5"}) args2.push_back(x);
+  g3test::CmdResult r2 = g3test::run_g3attn(args2);
+  INFO(r2.err);
+  REQUIRE(r2.exit_code == 0);
+  CHECK(r2.out.find("compare with " + j1) != std::string::npos);
+  CHECK(r2.out.find(std::to_string(nrows) + " rows matched") != std::string::npos);
+  CHECK(r2.out.find("only in") == std::string::npos);
+  json b = json::parse(g3test::read_text(j2));
+  check_schema(b);
+  REQUIRE(b.contains("compare"));
+  CHECK(b["compare"]["rows"].size() == nrows);
+  CHECK(b["compare"]["threshold_pct"].get<double>() == Approx(5));
+  CHECK(b["compare"]["only_in_old"].empty());
+  CHECK(b["compare"]["only_in_new"].empty());
+  for (const json& x : b["compare"]["rows"]) {
+    CHECK(positive_number(x["ratio"]));
+    CHECK(x["regression"].is_boolean());
+  }
+
+  // Rows missing on one side are listed: compare the full run with a
+  // decode-only one.
+  auto args3 = tiny_args();
+  args3[14] = "decode";
+  for (const auto& x : {"--compare", j1.c_str()}) args3.push_back(x);
+  g3test::CmdResult r3 = g3test::run_g3attn(args3);
+  INFO(r3.err);
+  REQUIRE(r3.exit_code == 0);
+  CHECK(r3.out.find("2 rows matched") != std::string::npos);
+  CHECK(r3.out.find("only in " + j1 + ": reference scalar 1b") != std::string::npos);
+  CHECK(g3test::count_entries(dir.path) == 4);  // no temporary files left behind
+}
+
+TEST_CASE("bench --json alone prints only JSON on stdout", "[bench]") {
+  auto args = tiny_args();
+  args[14] = "decode";
+  args.push_back("--json");
+  g3test::CmdResult r = g3test::run_g3attn(args);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json j = json::parse(r.out);
+  CHECK(j["rows"].size() == 2);  // local and global
+}
+
+TEST_CASE("bench skips ISAs and backends it cannot run with a note, never an error", "[bench]") {
+  // Every ISA name and every backend: whatever this build and CPU lack is
+  // a note. Decode on a tiny context keeps it short.
+  g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--phase", "decode",
+                                            "--repeat", "1", "--isa", "all", "--backend", "all", "--json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json j = json::parse(r.out);
+  REQUIRE(!j["rows"].empty());
+  for (const json& row : j["rows"]) {
+    CHECK(row["backend"] != "auto");  // "all" is the four backends; auto is asked for by name
+    CHECK(row["route"] == row["backend"]);
+    CHECK(positive_number(row["ms_median"]));
+    CHECK(positive_number(row["vs_best"]));
+    CHECK(row["vs_best"].get<double>() <= 1.0 + 1e-9);
+    CHECK(positive_number(row["vs_reference"]));  // the reference ran every shape
+  }
+  for (const std::string isa : {"scalar", "ssse3", "sse4", "avx2", "avx3", "avx3_dl"}) {
+    bool row = false, note = false;
+    for (const json& x : j["rows"]) row = row || x["isa"] == isa;
+    for (const json& n : j["notes"]) note = note || n.get<std::string>().find(isa) != std::string::npos;
+    INFO(isa);
+    CHECK((row || note));
+  }
+}
+
+TEST_CASE("bench --backend auto measures the route users get and names it per row", "[bench][auto]") {
+  // f32 KV: README's auto rule takes highway (the reference kernels when
+  // Highway is not built), on every ISA asked for.
+#ifdef G3_HIGHWAY_AVAILABLE
+  const std::string route = "highway";
+#else
+  const std::string route = "reference";
+#endif
+  g3test::TempDir dir;
+  const std::string csv = dir.file("rows.csv");
+  g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "16",
+                                            "--repeat", "1", "--isa", "scalar", "--phase", "decode", "--threads",
+                                            "2", "--backend", "auto,reference", "--json", "--csv", csv});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json j = json::parse(r.out);
+  int auto_rows = 0;
+  for (const json& row : j["rows"]) {
+    INFO(row.dump());
+    if (row["backend"] == "auto") {
+      ++auto_rows;
+      CHECK(row["route"] == route);
+      CHECK(row["isa"] == "scalar");
+      CHECK(row["stages"]["core"] == route);
+      CHECK(positive_number(row["ms_median"]));
+    } else {
+      CHECK(row["backend"] == "reference");
+      CHECK(row["route"] == "reference");
+    }
+  }
+  CHECK(auto_rows == 2);  // local and global
+  // The table and the CSV show the route in the backend column.
+  const std::string label = "auto(" + route + ")";
+  CHECK(g3test::read_text(csv).find("\n" + label + ",scalar,1b,") != std::string::npos);
+  g3test::CmdResult t = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--repeat", "1", "--isa",
+                                            "scalar", "--phase", "decode", "--threads", "2", "--backend", "auto"});
+  INFO(t.err);
+  REQUIRE(t.exit_code == 0);
+  CHECK(t.out.find(label + " ") != std::string::npos);
+  // --help documents it.
+  g3test::CmdResult h = g3test::run_g3attn({"bench", "--help"});
+  CHECK(h.exit_code == 0);
+  CHECK(h.out.find("auto(highway)") != std::string::npos);
+}
+
+TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
+  struct Bad {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const std::vector<Bad> cases = {
+      {{"bench", "--isa", "avx9"}, "avx9"},
+      {{"bench", "--isa", "scalar,bogus"}, "bogus"},
+      {{"bench", "--phase", "warmup"}, "warmup"},
+      {{"bench", "--repeat", "0"}, "--repeat"},
+      {{"bench", "--backend", "cuda"}, "cuda"},
+      {{"bench", "--model", "2b"}, "2b"},
+      {{"bench", "--kv-dtype", "f16"}, "f16"},
+      {{"bench", "--context", "64", "--new-tokens", "128"}, "--new-tokens"},
+      {{"bench", "--context", "abc"}, "abc"},
+      {{"bench", "--threshold", "5"}, "--compare"},
+      {{"bench", "--compare", "/nonexistent/old.json"}, "/nonexistent/old.json"},
+      {{"bench", "--csv", "/nonexistent/dir/x.csv"}, "/nonexistent/dir"},
+      {{"bench", "--threads", "0"}, "--threads"},
+  };
+  for (const Bad& b : cases) {
+    g3test::CmdResult r = g3test::run_g3attn(b.args);
+    INFO(b.args[1] << " " << b.args[2] << " -> " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find(b.needle) != std::string::npos);
+    CHECK(r.out.empty());
+  }
+  // An unknown ISA lists the valid names.
+  g3test::CmdResult u = g3test::run_g3attn({"bench", "--isa", "avx9"});
+  CHECK(u.err.find("valid: scalar, ssse3, sse4, avx2, avx3, avx3_dl, best, all") != std::string::npos);
+  // A --compare file that is not a bench JSON.
+  g3test::TempDir dir;
+  g3test::write_text(dir.file("x.json"), "{\"rows\": 3}");
+  g3test::CmdResult r = g3test::run_g3attn({"bench", "--compare", dir.file("x.json")});
+  CHECK(r.exit_code == 2);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("rows") != std::string::npos);
+}
+
+TEST_CASE("the bench's thread splitting computes the same attention as one unsplit call", "[bench]") {
+  // Query tiles and key ranges (prefill) and KV chunks merged by lse
+  // (decode) on 1, 2 and 3 threads; the reference backend makes the
+  // comparison exact up to float rounding of the merge.
+  for (int threads : {1, 2, 3})
+    for (const char* kind : {"local", "global"}) {
+      INFO(threads << " threads, " << kind);
+      // 1b: one KV head, window 512, so decode splits its range into chunks
+      // and a local prefill's tiles start inside the window.
+      CHECK(g3::bench::harness_max_error("1b", kind, "prefill", 700, 130, threads, "reference", "scalar") < 1e-5);
+      CHECK(g3::bench::harness_max_error("1b", kind, "decode", 2000, 1, threads, "reference", "scalar") < 1e-5);
+      // 4b: four KV heads, G = 2.
+      CHECK(g3::bench::harness_max_error("4b", kind, "decode", 1500, 1, threads, "reference", "scalar") < 1e-5);
+    }
+}

@@ -1,0 +1,316 @@
+// The model stack: decode equals one-shot prefill, results do not depend on
+// the thread count, batch rows are independent, the parallel reference stack
+// equals ref::block, the thread pool itself, and `g3attn run` end to end.
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <memory>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "generator/errors.h"
+#include "runtime/exec/model.h"
+#include "runtime/exec/run.h"
+#include "runtime/exec/thread_pool.h"
+#include "runtime/reference/reference.h"
+#include "runtime/reference/reference_stack.h"
+#include "tests/support/test_support.h"
+
+using namespace g3;
+
+namespace {
+
+
+const std::vector<LayerKind> kSix = {LayerKind::Local, LayerKind::Local, LayerKind::Local,
+                                     LayerKind::Local, LayerKind::Local, LayerKind::Global};
+
+
+
+double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double e = std::fabs(double(a[i]) - double(b[i]));
+    if (!(e <= m)) m = std::isnan(e) ? INFINITY : e;
+  }
+  return m;
+}
+
+ModelOptions opts(const std::string& backend, int64_t B, int64_t context, int64_t chunk, int threads) {
+  ModelOptions o;
+  o.backend = backend;
+  o.isa = backend == "reference" ? "scalar" : "best";
+  o.batch = B;
+  o.context = context;
+  o.chunk = chunk;
+  o.threads = threads;
+  return o;
+}
+
+// Prefill `prompt` tokens (chunked by the model), then decode one token per
+// step; returns [B][prompt + decode][D].
+std::vector<float> run(Model& m, const std::vector<float>& x, int64_t prompt, int64_t decode) {
+  const int64_t B = m.options().batch, D = m.config().hidden_size, L = prompt + decode;
+  std::vector<float> out(size_t(B * L * D));
+  std::vector<float> xp(size_t(B * prompt * D)), yp(xp.size());
+  std::vector<int32_t> pp(size_t(B * prompt));
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&x[size_t(b * L * D)], prompt * D, &xp[size_t(b * prompt * D)]);
+    for (int64_t t = 0; t < prompt; ++t) pp[size_t(b * prompt + t)] = int32_t(t);
+  }
+  m.forward(xp.data(), pp.data(), nullptr, prompt, yp.data());
+  for (int64_t b = 0; b < B; ++b) std::copy_n(&yp[size_t(b * prompt * D)], prompt * D, &out[size_t(b * L * D)]);
+  for (int64_t k = 0; k < decode; ++k) {
+    std::vector<float> xd(size_t(B * D)), yd(size_t(B * D));
+    std::vector<int32_t> pd(size_t(B), int32_t(prompt + k));
+    for (int64_t b = 0; b < B; ++b) std::copy_n(&x[size_t((b * L + prompt + k) * D)], D, &xd[size_t(b * D)]);
+    m.forward(xd.data(), pd.data(), nullptr, 1, yd.data());
+    for (int64_t b = 0; b < B; ++b) std::copy_n(&yd[size_t(b * D)], D, &out[size_t((b * L + prompt + k) * D)]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the thread pool runs every item once, nests inline and rethrows", "[runtime][pool]") {
+  for (int n : {1, 2, 3}) {
+    ThreadPool pool(n);
+    CHECK(pool.size() == n);
+    std::vector<std::atomic<int>> hits(1000);
+    for (int rep = 0; rep < 20; ++rep)
+      pool.parallel_for(1000, [&](int64_t i) {
+        hits[size_t(i)]++;
+        pool.parallel_for(2, [](int64_t) {});  // nested: inline
+      });
+    for (auto& h : hits) CHECK(h.load() == 20);
+    CHECK_THROWS_AS(pool.parallel_for(10, [](int64_t i) { if (i == 7) throw InputError("seven"); }), InputError);
+    int count = 0;
+    pool.parallel_for(0, [&](int64_t) { ++count; });
+    CHECK(count == 0);
+  }
+}
+
+TEST_CASE("decode one token at a time equals one-shot prefill", "[runtime][decode]") {
+  for (const auto& backend : {std::string("reference"), std::string("auto")}) {
+    ModelConfig cfg = g3test::tiny_model(kSix, 4);
+    const int64_t L = 30, D = cfg.hidden_size;
+    std::vector<float> x = g3test::randn(size_t(L * D), 3);
+    Model one(cfg, g3test::random_weights(7), opts(backend, 1, L, L, 2));
+    Model dec(cfg, g3test::random_weights(7), opts(backend, 1, L, 4, 2));
+    auto a = run(one, x, L, 0);
+    auto b = run(dec, x, 9, L - 9);
+    INFO(backend << " max diff " << max_abs(a, b));
+    CHECK(max_abs(a, b) <= 2e-5);
+  }
+}
+
+TEST_CASE("results do not depend on the thread count", "[runtime][threads]") {
+  // Work is split by shape, never by thread count, so results are
+  // bit-identical; the 600-token prompt makes the decode KV split run too.
+  for (const auto& backend : {std::string("reference"), std::string("auto")}) {
+    ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global}, 8);
+    const int64_t B = 2, prompt = 600, decode = 3, D = cfg.hidden_size;
+    std::vector<float> x = g3test::randn(size_t(B * (prompt + decode) * D), 9);
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 3}) {
+      Model m(cfg, g3test::random_weights(4), opts(backend, B, prompt + decode, 128, threads));
+      outs.push_back(run(m, x, prompt, decode));
+    }
+    INFO(backend);
+    CHECK(max_abs(outs[0], outs[1]) == 0);
+    CHECK(max_abs(outs[0], outs[2]) == 0);
+  }
+}
+
+TEST_CASE("batch rows are independent: changing one row leaves the others bit-identical", "[runtime][batch]") {
+  for (const auto& backend : {std::string("reference"), std::string("auto")}) {
+    ModelConfig cfg = g3test::tiny_model(kSix, 4);
+    const int64_t B = 3, prompt = 21, decode = 5, L = prompt + decode, D = cfg.hidden_size;
+    std::vector<float> x = g3test::randn(size_t(B * L * D), 12);
+    Model m(cfg, g3test::random_weights(8), opts(backend, B, L, 8, 2));
+    auto a = run(m, x, prompt, decode);
+    for (int64_t i = L * D; i < 2 * L * D; ++i) x[size_t(i)] = -2.f * x[size_t(i)] + 0.5f;  // row 1 only
+    m.reset();
+    auto b = run(m, x, prompt, decode);
+    for (int64_t row : {0, 2}) {
+      const auto first = a.begin() + row * L * D, last = first + L * D;
+      CHECK(std::equal(first, last, b.begin() + row * L * D));
+    }
+    CHECK(!std::equal(a.begin() + L * D, a.begin() + 2 * L * D, b.begin() + L * D));
+    // A row run alone gives the same result as inside the batch, up to f32
+    // rounding (a GEMM may tile a lone row differently from a batch's rows).
+    Model solo(cfg, g3test::random_weights(8), opts(backend, 1, L, 8, 2));
+    std::vector<float> x2(x.begin() + 2 * L * D, x.begin() + 3 * L * D);
+    auto c = run(solo, x2, prompt, decode);
+    CHECK(max_abs(c, std::vector<float>(b.begin() + 2 * L * D, b.begin() + 3 * L * D)) <= 1e-5);
+  }
+}
+
+TEST_CASE("the parallel reference stack equals ref::block with the official cache", "[runtime][reference]") {
+  ModelConfig cfg = g3test::tiny_model({LayerKind::Local, LayerKind::Global, LayerKind::Local}, 4);
+  const int64_t B = 2, T = 11, decode = 4, S = T + decode, D = cfg.hidden_size;
+  WeightSource ws = g3test::random_weights(2);
+  ThreadPool pool(2);
+  ReferenceStack rs(cfg, ws, B, S, pool);
+  std::vector<LayerSpec> specs = layer_specs(cfg);
+  std::vector<LayerWeights> w;
+  std::vector<ref::Cache> caches;
+  for (const auto& s : specs) {
+    w.push_back(ws(s));
+    caches.push_back(ref::Cache::zeros(B, S, cfg.num_kv_heads, cfg.head_dim));
+  }
+  std::vector<float> x = g3test::randn(size_t(B * T * D), 5);
+  std::vector<int32_t> pos(size_t(B * T));
+  std::vector<uint8_t> real(size_t(B * T), 1);
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = pos[size_t(T + t)] = int32_t(t);
+  for (int64_t t = 8; t < T; ++t) {  // row 1 right-padded after 8 tokens
+    real[size_t(T + t)] = 0;
+    pos[size_t(T + t)] = 7;
+  }
+  std::vector<uint8_t> slot_real(size_t(B * S), 0);
+  auto official = [&](const float* xin, const int32_t* p, const uint8_t* rl, int64_t n, int64_t start, float* y) {
+    std::vector<uint8_t> mask(size_t(B * n * S), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t) slot_real[size_t(b * S + start + t)] = rl ? rl[b * n + t] : 1;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t s = 0; s <= start + t; ++s) mask[size_t((b * n + t) * S + s)] = slot_real[size_t(b * S + s)];
+    std::vector<float> cur(xin, xin + B * n * D), nxt(cur.size());
+    for (size_t l = 0; l < specs.size(); ++l) {
+      ref::block(specs[l], w[l], cur.data(), p, B, n, mask.data(), &caches[l], nxt.data(), nullptr);
+      cur.swap(nxt);
+    }
+    std::copy(cur.begin(), cur.end(), y);
+  };
+  std::vector<float> got(x.size()), want(x.size());
+  rs.forward(x.data(), pos.data(), real.data(), T, got.data());
+  official(x.data(), pos.data(), real.data(), T, 0, want.data());
+  CHECK(max_abs(got, want) <= 1e-6);
+  for (int64_t k = 0; k < decode; ++k) {
+    std::vector<float> xd = g3test::randn(size_t(B * D), 100 + k), g1(xd.size()), w1(xd.size());
+    std::vector<int32_t> pd = {int32_t(T + k), int32_t(8 + k)};
+    rs.forward(xd.data(), pd.data(), nullptr, 1, g1.data());
+    official(xd.data(), pd.data(), nullptr, 1, T + k, w1.data());
+    CHECK(max_abs(g1, w1) <= 1e-6);
+  }
+}
+
+TEST_CASE("g3attn run: summary, JSON and --verify on a small model", "[runtime][cli]") {
+  g3test::TempDir dir;
+  auto r = g3test::run_g3attn({"run", "--model", "270m", "--prompt", "40", "--decode", "3", "--chunk", "16",
+                               "--threads", "2", "--verify", "--json", dir.file("run.json")});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("MLPs not included") != std::string::npos);
+  CHECK(r.out.find("prefill:") != std::string::npos);
+  CHECK(r.out.find("decode:") != std::string::npos);
+  CHECK(r.out.find("time split: local") != std::string::npos);
+  CHECK(r.out.find("KV memory:") != std::string::npos);
+  CHECK(r.err.find("MLPs are not part of it") != std::string::npos);
+  auto j = nlohmann::json::parse(g3test::read_text(dir.file("run.json")));
+  CHECK(j["model"]["name"] == "270m");
+  CHECK(j["model"]["hidden_size"] == 640);
+  CHECK(j["model"]["num_layers"] == 18);
+  CHECK(j["prefill_tokens_per_s"].get<double>() > 0);
+  CHECK(j["decode_ms_per_token"].get<double>() > 0);
+  CHECK(j["kv_bytes"]["ring"].get<uint64_t>() <= j["kv_bytes"]["full_length"].get<uint64_t>());
+  CHECK(j["verify"]["max_abs_diff"].get<double>() <= 1e-3);
+  REQUIRE(j["layers"].size() == 18);
+  CHECK(j["layers"][5]["kind"] == "global");
+  CHECK(j["layers"][4]["kind"] == "local");
+  CHECK(j["layers"][5]["key"] != j["layers"][4]["key"]);
+  CHECK(j["layers"][0]["key"] == j["layers"][4]["key"]);
+  for (const char* f : {"index", "kind", "key", "backend", "isa", "ms"}) CHECK(j["layers"][0].contains(f));
+
+  CHECK(g3test::run_g3attn({"run", "--chunk", "0"}).exit_code == 2);
+  CHECK(g3test::run_g3attn({"run", "--model", "nope"}).exit_code == 2);
+  CHECK(g3test::run_g3attn({"run", "--kv-dtype", "f16"}).exit_code == 2);
+  auto h = g3test::run_g3attn({"run", "--help"});
+  CHECK(h.exit_code == 0);
+  CHECK(h.out.find("--threads") != std::string::npos);
+}
+
+TEST_CASE("g3attn run --json alone prints only JSON on stdout", "[runtime][cli]") {
+  // README: `--json` alone prints JSON to stdout instead of the text, so
+  // `g3attn run --json | python3 -m json.tool` works; the banner and
+  // progress lines stay on stderr.
+  auto r = g3test::run_g3attn({"run", "--model", "270m", "--prompt", "64", "--decode", "2", "--chunk", "32",
+                               "--threads", "2", "--json"});
+  INFO("stdout: " << r.out.substr(0, 400) << "\nstderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(r.out));  // the whole of stdout, nothing before or after
+  CHECK(j["model"]["name"] == "270m");
+  CHECK(j["prompt"] == 64);
+  CHECK(j["decode"] == 2);
+  CHECK(j["layers"].size() == 18);
+  CHECK(r.out.find("prefill:") == std::string::npos);
+  CHECK(r.err.find("MLPs are not part of it") != std::string::npos);
+  // The same through a pipe, as users run it (python3 when this machine has it).
+  if (g3test::run_shell("command -v python3").exit_code == 0) {
+    // In parentheses: run_shell's </dev/null must not replace the pipe as python3's input.
+    auto p = g3test::run_shell("('" + g3test::g3attn_bin() +
+                               "' run --model 270m --prompt 64 --decode 2 --threads 2 --json | python3 -m json.tool)");
+    INFO(p.err);
+    CHECK(p.exit_code == 0);
+  } else {
+    std::printf("skipped: the python3 -m json.tool pipe (no python3 here; the JSON parsed above)\n");
+  }
+}
+
+TEST_CASE("every backend of this build runs the stack like the reference stack", "[runtime][backends]") {
+  // Gemma-like head geometry (dh 256, G 4 and G 2) at a small width, so JITs
+  // that specialise only real head sizes are exercised too.
+  for (int kv_heads : {1, 2}) {
+    ModelConfig cfg = g3test::tiny_model(kSix, 8);
+    cfg.head_dim = 256;
+    cfg.num_kv_heads = kv_heads;
+    cfg.query_pre_attn_scalar = 256;
+    const int64_t B = 2, prompt = 23, decode = 4, L = prompt + decode, D = cfg.hidden_size;
+    std::vector<float> x = g3test::randn(size_t(B * L * D), 17);
+    // The official layout in double (ReferenceStack), one-shot prefill.
+    ThreadPool pool(2);
+    ReferenceStack rs(cfg, g3test::random_weights(6), B, L, pool);
+    std::vector<float> want(size_t(B * L * D));
+    {
+      std::vector<float> xp(size_t(B * prompt * D)), yp(xp.size());
+      std::vector<int32_t> pp(size_t(B * prompt));
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(&x[size_t(b * L * D)], prompt * D, &xp[size_t(b * prompt * D)]);
+        for (int64_t t = 0; t < prompt; ++t) pp[size_t(b * prompt + t)] = int32_t(t);
+      }
+      rs.forward(xp.data(), pp.data(), nullptr, prompt, yp.data());
+      for (int64_t b = 0; b < B; ++b) std::copy_n(&yp[size_t(b * prompt * D)], prompt * D, &want[size_t(b * L * D)]);
+      for (int64_t k = 0; k < decode; ++k) {
+        std::vector<float> xd(size_t(B * D)), yd(xd.size());
+        std::vector<int32_t> pd(size_t(B), int32_t(prompt + k));
+        for (int64_t b = 0; b < B; ++b) std::copy_n(&x[size_t((b * L + prompt + k) * D)], D, &xd[size_t(b * D)]);
+        rs.forward(xd.data(), pd.data(), nullptr, 1, yd.data());
+        for (int64_t b = 0; b < B; ++b) std::copy_n(&yd[size_t(b * D)], D, &want[size_t((b * L + prompt + k) * D)]);
+      }
+    }
+    for (const std::string backend : {"reference", "highway", "llvm", "xbyak", "auto"}) {
+      // A backend this build or CPU lacks is skipped by name (the helper
+      // decides from build flags and CPUID, not from the registry); every
+      // other one must run itself: a fallback to highway is not a pass.
+      if (backend != "auto" && !g3test::backend_runs_here(backend, "best")) continue;
+      // README: auto takes highway for f32 KV (this model's), the reference
+      // kernels when Highway is not built.
+#ifdef G3_HIGHWAY_AVAILABLE
+      const std::string expect = backend == "auto" ? "highway" : backend;
+#else
+      const std::string expect = backend == "auto" ? "reference" : backend;
+#endif
+      Model m(cfg, g3test::random_weights(6), opts(backend, B, L, 7, 2));
+      for (const PreparedLayer& layer : m.layers()) {
+        INFO("backend " << backend << " layer " << layer.spec.index << ": ran " << layer.kernels.backend << " "
+                        << layer.kernels.kernels.isa << " (" << layer.kernels.fallback << ")");
+        CHECK(layer.kernels.backend == expect);
+        CHECK(layer.kernels.fallback.empty());
+      }
+      auto got = run(m, x, prompt, decode);
+      INFO("backend " << backend << " Nkv " << kv_heads << " max diff " << max_abs(got, want));
+      CHECK(max_abs(got, want) <= 1e-4);
+    }
+  }
+}

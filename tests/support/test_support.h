@@ -1,0 +1,105 @@
+// Helpers shared by the Catch2 suites: where things are, running the g3attn
+// command, scratch directories, the golden cases and tolerance checks.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/exec/model.h"
+
+namespace g3test {
+
+std::string g3attn_bin();   // the built command
+std::string source_dir();
+
+// The golden cases, decided at run time (tests/golden/README.md):
+// $G3ATTN_GOLDEN_DIR when set, else ../shared/golden beside the project when
+// it exists (both the full set), else the in-repository subset tests/golden
+// (the three tiny cases). The first call prints one line saying which set
+// and from where; a G3ATTN_GOLDEN_DIR that is not a directory throws.
+struct GoldenSet {
+  std::string dir;
+  bool full = false;   // the full set of ../shared/golden, not the subset
+  std::string source;  // "$G3ATTN_GOLDEN_DIR", "../shared/golden" or "in-repo subset"
+};
+const GoldenSet& golden_set();
+std::string golden_dir();
+// Sub-directories holding a config.json, sorted. Throws when there are fewer
+// than the set has (10 full, 3 subset), so a half-copied set cannot pass.
+std::vector<std::string> golden_cases();
+// The path of one file of one case; throws std::runtime_error naming the
+// path and the set when it does not exist (a clear test failure, where
+// reading a missing file used to crash the caller).
+std::string golden_file(const std::string& name, const std::string& file);
+// For a test that needs a case only the full set has: true when the case is
+// there. On the subset it prints "skipped: <what> (needs golden case <name>,
+// only in the full set)" and returns false; when the full set lacks the case
+// it throws, so a missing case never passes silently.
+bool need_golden_case(const std::string& name, const std::string& what);
+
+// A fresh directory under the build tree, removed when the object dies.
+struct TempDir {
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path;
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+struct CmdResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+// Runs `g3attn <args>` (args are shell-quoted here), capturing both streams.
+// `env` is a prefix such as "G3ATTN_ISA=avx2" (may be empty).
+CmdResult run_g3attn(const std::vector<std::string>& args, const std::string& env = "");
+CmdResult run_shell(const std::string& command);
+
+void write_text(const std::string& path, const std::string& text);
+// Whole-file reads; both throw std::runtime_error naming the path when the
+// file cannot be opened, rather than returning nothing for callers to index.
+std::string read_text(const std::string& path);
+std::vector<uint8_t> read_bytes(const std::string& path);
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
+bool file_exists(const std::string& path);
+// Number of entries in a directory (to check nothing was left behind).
+int count_entries(const std::string& dir);
+
+// Elementwise |a - b| <= atol + rtol * |b| over the rows where row_ok is
+// true (row = one token, `width` floats). Returns the max abs difference over
+// checked rows and the number of violations through `bad`.
+double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
+                    const std::vector<bool>& row_ok, double atol, double rtol, int64_t* bad);
+
+// The small geometry of the runtime suites: D64, N4, Nkv2, dh16, window W,
+// global rope scale 8, one layer per entry of `kinds`.
+g3::ModelConfig tiny_model(std::vector<g3::LayerKind> kinds, int window = 4);
+// Checkpoint-like random bf16 weights from a seed (random_layer_weights).
+g3::WeightSource random_weights(uint64_t seed);
+// n samples of N(0, 1) from a seed.
+std::vector<float> randn(size_t n, uint64_t seed);
+
+// Which ISAs and backends a test can run here, decided from the build flags
+// and CPUID rather than from the kernel registry under test, so that a
+// registry falling back to Highway can never pass for an llvm or xbyak test.
+// Whatever is left out is printed by name: "skipped: <backend> <isa> (why)".
+//
+// Highway targets this build compiled and this CPU runs, lowest first.
+std::vector<std::string> highway_test_isas();
+// Whether `backend` (any --backend name but auto) serves cap `isa` ("best"
+// allowed) in this build on this CPU; prints the skip line when not.
+bool backend_runs_here(const std::string& backend, const std::string& isa);
+
+// One golden case through run_apply (the `g3attn apply` code path) on a
+// backend and ISA ("" = $G3ATTN_ISA or best), compared on valid rows with
+// the golden README's tolerances (10x looser at positions >= 100000).
+// Prints one line with the max differences.
+struct GoldenCheck {
+  std::string backend, isa;  // what actually ran
+  double attn_max = 0, block_max = 0;
+  int64_t bad_attn = 0, bad_block = 0;
+};
+GoldenCheck check_golden_case(const std::string& name, const std::string& backend, const std::string& isa);
+
+}  // namespace g3test
