@@ -1,12 +1,14 @@
 // What every kernel backend hands the runtime for one kernel key: a table of
-// contract functions plus how it was made. The runtime's kernel registry
-// (runtime/kernel_registry.h) picks and caches these; backends never see
-// layers, caches or weights.
+// contract functions plus how it was made. The runtime's backend table
+// (runtime/dispatch/backends.h) calls these entry points and its kernel
+// registry (runtime/dispatch/kernel_registry.h) picks and memoises the
+// results; backends never see layers, caches or weights.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "generator/isa.h"
 #include "generator/kernel_key.h"
 #include "templates/kernel_contract.h"
 
@@ -22,18 +24,13 @@ struct BackendKernels {
   std::shared_ptr<void> owner;  // keeps JIT code alive while the table is used
 };
 
-// ISA names are Highway's targets in lower case.
-const std::vector<std::string>& isa_names();  // scalar ssse3 sse4 avx2 avx3 avx3_dl
-
-}  // namespace g3
-
-namespace g3 {
-
-// Entry points of the backend libraries; each exists only when its library is
-// built (the runtime checks G3_HIGHWAY_AVAILABLE, G3_LLVM_AVAILABLE,
-// G3_XBYAK_AVAILABLE). `isa` is a resolved name from isa_names(): for the
-// JITs it is a cap, not a demand. They throw InputError when they cannot
-// serve the request, with a message that says why.
+// Entry points of the backend libraries. Highway and Xbyak are always built;
+// the LLVM functions exist only when g3_llvm is (-DG3ATTN_WITH_LLVM), which
+// only the runtime's backend table needs to know. `isa` is a resolved name
+// from isa_names() (generator/isa.h): for the JITs it is a cap, not a
+// demand. They throw InputError when they cannot serve the request, with a
+// message that says why. Every call builds afresh: the runtime's kernel
+// registry is the one memo of built kernels.
 BackendKernels highway_kernels(const KernelKey& key, const std::string& isa);
 std::vector<std::string> highway_compiled_isas();
 

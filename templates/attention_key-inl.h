@@ -67,32 +67,16 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "attention_registry.h"
+#include "hwy_targets.h"
 
 namespace g3 {
 namespace G3_KEY_NS {
 
 // Best target first, so a caller asking for "best" takes the first entry the
 // CPU supports.
-static const g3_hwy_target_kernels kTargets[] = {
-#if HWY_TARGETS & HWY_AVX3_DL
-    {HWY_AVX3_DL, "avx3_dl", &N_AVX3_DL::Qk, &N_AVX3_DL::Core},
-#endif
-#if HWY_TARGETS & HWY_AVX3
-    {HWY_AVX3, "avx3", &N_AVX3::Qk, &N_AVX3::Core},
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    {HWY_AVX2, "avx2", &N_AVX2::Qk, &N_AVX2::Core},
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    {HWY_SSE4, "sse4", &N_SSE4::Qk, &N_SSE4::Core},
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    {HWY_SSSE3, "ssse3", &N_SSSE3::Qk, &N_SSSE3::Core},
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    {HWY_SCALAR, "scalar", &N_SCALAR::Qk, &N_SCALAR::Core},
-#endif
-};
+#define G3_KEY_TARGET_ENTRY(bit, name, ns) {bit, name, &ns::Qk, &ns::Core},
+static const g3_hwy_target_kernels kTargets[] = {G3_HWY_FOR_EACH_TARGET(G3_KEY_TARGET_ENTRY)};
+#undef G3_KEY_TARGET_ENTRY
 
 const g3_hwy_target_kernels* Targets(int* count) {
   *count = int(sizeof(kTargets) / sizeof(kTargets[0]));

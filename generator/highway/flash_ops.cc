@@ -41,12 +41,10 @@ void FinishRow(const float* O, float m, float l, int64_t H, float* out, float* l
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <hwy/targets.h>
-
 #include <stdexcept>
 
-#include "generator/backend_api.h"
 #include "generator/highway/flash_ops.h"
+#include "generator/isa.h"
 #include "templates/hwy_targets.h"
 
 namespace g3 {
@@ -62,21 +60,12 @@ struct Entry {
 const Entry kEntries[] = {G3_HWY_FOR_EACH_TARGET(G3_FLASH_ENTRY)};  // best first
 #undef G3_FLASH_ENTRY
 
-int rank(const std::string& isa) {
-  const auto& names = isa_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == isa) return int(i);
-  return -1;
-}
-
 }  // namespace
 
 const FlashOps& flash_ops(const std::string& isa_cap) {
-  const int cap = isa_cap == "best" ? int(isa_names().size()) : rank(isa_cap);
-  for (const Entry& e : kEntries) {
-    const bool runs = e.bit == HWY_SCALAR || (hwy::SupportedTargets() & e.bit) != 0;
-    if (runs && rank(e.ops.isa) <= cap) return e.ops;
-  }
+  const int cap = isa_cap == "best" ? int(isa_names().size()) : isa_rank(isa_cap);
+  for (const Entry& e : kEntries)
+    if (target_runs_here(e.bit) && isa_rank(e.ops.isa) <= cap) return e.ops;
   // HWY_SCALAR is always compiled (Highway's fallback), so only an unknown
   // name gets here.
   throw std::logic_error("flash_ops: no Highway target at or below '" + isa_cap + "'");

@@ -3,21 +3,12 @@
 // time, else the generic kernel of the same templates. The runtime calls this
 // once per layer (one dynamic dispatch at the top); the functions it hands
 // out call only same-target code below them.
-#include <algorithm>
-#include <cstring>
-
-#include <hwy/highway.h>
-#include <hwy/targets.h>
-
 #include "generator/backend_api.h"
 #include "generator/errors.h"
 #include "generator/highway/emitter.h"
-#include "templates/attention_registry.h"
-
-#if __has_include("projections.h")
 #include "generator/highway/projections.h"
-#define G3_HWY_HAVE_PROJECTIONS 1
-#endif
+#include "generator/isa.h"
+#include "templates/attention_registry.h"
 
 namespace g3 {
 namespace generic {
@@ -49,7 +40,7 @@ BackendKernels highway_kernels(const KernelKey& key, const std::string& isa) {
   const g3_hwy_target_kernels* gen = generic::Targets(&n);
   const g3_hwy_target_kernels* tg = find_target(gen, n, isa);
   if (!tg) throw InputError("highway backend: ISA '" + isa + "' is not compiled into this build");
-  if (tg->target != HWY_SCALAR && (hwy::SupportedTargets() & tg->target) == 0)
+  if (!target_runs_here(tg->target))
     throw InputError("highway backend: this CPU does not support ISA '" + isa + "'");
 
   BackendKernels k;
@@ -70,12 +61,8 @@ BackendKernels highway_kernels(const KernelKey& key, const std::string& isa) {
     break;
   }
   if (!k.specialised) k.note = "no kernel generated at build time for key " + ks + ": generic Highway kernel";
-#ifdef G3_HWY_HAVE_PROJECTIONS
   k.table.gemm = highway_gemm(isa);
   k.table.rmsnorm = highway_rmsnorm(isa);
-#endif
-  // Without projections.h, gemm and rmsnorm stay null and the kernel registry
-  // fills them from the scalar reference (runtime/kernel_registry.cc).
   return k;
 }
 

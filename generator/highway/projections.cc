@@ -1,7 +1,7 @@
 // The foreach_target translation unit of the projection kernels: Highway
-// re-includes this file once per compiled target (SSSE3, SSE4, AVX2, AVX3,
-// AVX3_DL and the scalar fallback), each pass compiling projections-inl.h
-// with that target's attributes into namespace g3::N_<TARGET>. The part
+// re-includes this file once per compiled target (templates/hwy_targets.h),
+// each pass compiling projections-inl.h with that target's attributes into
+// namespace g3::N_<TARGET>. The part
 // under HWY_ONCE is compiled once and hands out the per-target entry points
 // by ISA name, so the runtime dispatches once per layer call and the kernels
 // below never dispatch again.
@@ -33,54 +33,35 @@ void ProjectionsRmsNorm(const float* x, int64_t rows, int64_t n, int64_t x_strid
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <hwy/targets.h>
+#include <iterator>
 
 #include "generator/errors.h"
+#include "generator/isa.h"
+#include "templates/hwy_targets.h"
 
 namespace g3 {
 namespace {
 
 struct ProjectionEntry {
   const char* isa;
-  long long bit;
+  int64_t bit;
   g3_gemm_fn gemm;
   g3_rmsnorm_fn rmsnorm;
 };
 
-// One row per target compiled into this TU (HWY_TARGETS), lowest first.
-constexpr ProjectionEntry kEntries[] = {
-#if HWY_TARGETS & HWY_SCALAR
-    {"scalar", HWY_SCALAR, &N_SCALAR::ProjectionsGemm, &N_SCALAR::ProjectionsRmsNorm},
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    {"ssse3", HWY_SSSE3, &N_SSSE3::ProjectionsGemm, &N_SSSE3::ProjectionsRmsNorm},
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    {"sse4", HWY_SSE4, &N_SSE4::ProjectionsGemm, &N_SSE4::ProjectionsRmsNorm},
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    {"avx2", HWY_AVX2, &N_AVX2::ProjectionsGemm, &N_AVX2::ProjectionsRmsNorm},
-#endif
-#if HWY_TARGETS & HWY_AVX3
-    {"avx3", HWY_AVX3, &N_AVX3::ProjectionsGemm, &N_AVX3::ProjectionsRmsNorm},
-#endif
-#if HWY_TARGETS & HWY_AVX3_DL
-    {"avx3_dl", HWY_AVX3_DL, &N_AVX3_DL::ProjectionsGemm, &N_AVX3_DL::ProjectionsRmsNorm},
-#endif
-};
+#define G3_PROJECTION_ENTRY(bit, name, ns) {name, bit, &ns::ProjectionsGemm, &ns::ProjectionsRmsNorm},
+const ProjectionEntry kEntries[] = {G3_HWY_FOR_EACH_TARGET(G3_PROJECTION_ENTRY)};  // best first
+#undef G3_PROJECTION_ENTRY
 
 const ProjectionEntry& entry_for(const std::string& isa) {
-  std::string compiled;
   for (const auto& e : kEntries) {
-    if (isa == e.isa) {
-      // The scalar target runs everywhere; the others need the CPU's support,
-      // or the first call would die with SIGILL instead of a clear message.
-      if (e.bit != HWY_SCALAR && (hwy::SupportedTargets() & e.bit) == 0)
-        throw InputError("Highway projections: this CPU does not support ISA '" + isa + "'");
-      return e;
-    }
-    compiled += (compiled.empty() ? "" : ", ") + std::string(e.isa);
+    if (isa != e.isa) continue;
+    if (!target_runs_here(e.bit)) throw InputError("Highway projections: this CPU does not support ISA '" + isa + "'");
+    return e;
   }
+  std::string compiled;  // lowest first, as --isa lists them
+  for (auto e = std::rbegin(kEntries); e != std::rend(kEntries); ++e)
+    compiled += (compiled.empty() ? "" : ", ") + std::string(e->isa);
   throw InputError("Highway projections: ISA '" + isa + "' is not compiled into this build (compiled: " + compiled +
                    ")");
 }

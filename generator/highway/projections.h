@@ -9,8 +9,8 @@
 
 namespace g3 {
 
-// The kernels for one Highway target, named in lower case as in
-// runtime/isa.h ("scalar", "ssse3", "sse4", "avx2", "avx3", "avx3_dl").
+// The kernels for one Highway target, named as in isa_names()
+// (generator/isa.h).
 // Throws g3::InputError when that target is not compiled into this build or
 // this CPU cannot run it. The functions are single-threaded; callers split
 // the work by column panels (gemm) or rows (rmsnorm).

@@ -1,24 +1,12 @@
 #include "runtime/dispatch/isa.h"
 
 #include <hwy/highway.h>
-#include <hwy/targets.h>
 
 #include <cstdlib>
 
-#include "generator/backend_api.h"
 #include "generator/errors.h"
 
 namespace g3 {
-
-long long isa_target_bit(const std::string& n) {
-  if (n == "scalar") return HWY_SCALAR;
-  if (n == "ssse3") return HWY_SSSE3;
-  if (n == "sse4") return HWY_SSE4;
-  if (n == "avx2") return HWY_AVX2;
-  if (n == "avx3") return HWY_AVX3;
-  if (n == "avx3_dl") return HWY_AVX3_DL;
-  return 0;
-}
 
 static std::string valid_list() {
   std::string s;
@@ -45,8 +33,8 @@ std::string requested_isa(const std::string& flag) {
 bool isa_compiled(const std::string& n) { return (HWY_TARGETS & isa_target_bit(n)) != 0; }
 
 bool isa_supported_by_cpu(const std::string& n) {
-  long long bit = isa_target_bit(n);
-  return bit == HWY_SCALAR || (hwy::SupportedTargets() & bit) != 0;
+  const int64_t bit = isa_target_bit(n);
+  return bit != 0 && target_runs_here(bit);
 }
 
 std::string isa_unavailable_reason(const std::string& n) {

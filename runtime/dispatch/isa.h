@@ -1,8 +1,11 @@
-// ISA selection: Highway's target names in lower case plus "best".
-// `--isa` wins over G3ATTN_ISA, which wins over the default "best".
+// ISA selection: the names of generator/isa.h (Highway's targets in lower
+// case, lowest first) plus "best". `--isa` wins over G3ATTN_ISA, which wins
+// over the default "best".
 #pragma once
 #include <string>
 #include <vector>
+
+#include "generator/isa.h"
 
 namespace g3 {
 
@@ -24,7 +27,5 @@ std::string isa_unavailable_reason(const std::string& name);
 std::string best_isa();
 // Compiled and runnable here, lowest first.
 std::vector<std::string> runnable_isas();
-// The Highway target bit of a name (HWY_AVX2, ...), 0 for an unknown name.
-long long isa_target_bit(const std::string& name);
 
 }  // namespace g3
