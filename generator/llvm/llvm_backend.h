@@ -35,8 +35,8 @@ struct LlvmTarget {
 };
 LlvmTarget llvm_target_for(const std::string& isa);
 
-// llvm_kernels without the per-process memo and with an explicit cache
-// (null: no disk cache). Every call compiles or loads a fresh object.
+// llvm_kernels with an explicit cache (null: no disk cache) instead of the
+// process's default one. Every call compiles or loads a fresh object.
 BackendKernels llvm_kernels_with(const KernelKey& key, const std::string& isa, JitCache* cache);
 
 // The optimised assembly of a key's kernels (for reading what the JIT

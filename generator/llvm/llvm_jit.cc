@@ -31,9 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
-#include <future>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 
 #include "generator/errors.h"
@@ -392,38 +389,9 @@ BackendKernels llvm_kernels_with(const KernelKey& key, const std::string& isa, J
 }
 
 BackendKernels llvm_kernels(const KernelKey& key, const std::string& isa) {
-  // Compile each (key, ISA) once per process; concurrent callers of the
-  // same key wait for the first one's result.
-  static std::mutex mu;
-  static std::map<std::string, std::shared_future<BackendKernels>> memo;
-  const std::string id = isa + "|" + key.str();
-  std::promise<BackendKernels> promise;
-  std::shared_future<BackendKernels> fut;
-  bool mine = false;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = memo.find(id);
-    if (it == memo.end()) {
-      fut = promise.get_future().share();
-      memo.emplace(id, fut);
-      mine = true;
-    } else {
-      fut = it->second;
-    }
-  }
-  if (mine) {
-    try {
-      promise.set_value(llvm_kernels_with(key, isa, &JitCache::process_default()));
-    } catch (...) {
-      // Forget failures so a later call (e.g. after fixing the input) retries.
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        memo.erase(id);
-      }
-      promise.set_exception(std::current_exception());
-    }
-  }
-  return fut.get();
+  // No memo here: the runtime's kernel registry is the one memo of built
+  // kernels; a call compiles, or loads from the process's disk cache.
+  return llvm_kernels_with(key, isa, &JitCache::process_default());
 }
 
 std::string llvm_kernel_asm(const KernelKey& key, const std::string& isa) {

@@ -656,16 +656,8 @@ Result run_bench(Options o) {
   res.isas_runnable = runnable_isas();
   for (const auto& n : isa_names())
     if (isa_compiled(n)) res.isas_compiled.push_back(n);
-  res.backends_built.push_back("reference");
-#ifdef G3_HIGHWAY_AVAILABLE
-  res.backends_built.push_back("highway");
-#endif
-#ifdef G3_LLVM_AVAILABLE
-  res.backends_built.push_back("llvm");
-#endif
-#ifdef G3_XBYAK_AVAILABLE
-  res.backends_built.push_back("xbyak");
-#endif
+  for (const Backend& b : backends())
+    if (b.in_build) res.backends_built.push_back(b.name);
   Notes notes;
 
   // Which ISAs can run at all; the rest are skipped with their reason.
@@ -948,7 +940,7 @@ Result run_bench(Options o) {
           row.pct_peak = res.peaks.fp32_gflops > 0 ? row.gflops / res.peaks.fp32_gflops * 100 : 0;
         }
         row.specialised = c.choice.kernels.specialised;
-        for (int s = 0; s < 4; ++s) row.stages[s] = c.choice.stages[s];
+        row.stages = c.choice.stages;
         rate[rate_id] = row.flops / (row.ms_median * 1e-3);
         if (!c.choice.fallback.empty()) notes.add("backend " + backend + ": " + c.choice.fallback);
         if (o.progress) {

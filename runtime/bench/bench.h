@@ -11,6 +11,7 @@
 
 #include "generator/kernel_key.h"
 #include "runtime/bench/peaks.h"
+#include "runtime/dispatch/backends.h"
 
 namespace g3::bench {
 
@@ -69,7 +70,7 @@ struct Row {
   int runs = 0;
   double flops = 0, kv_bytes = 0;
   bool specialised = true;
-  std::string stages[4];          // backend of qk, core, gemm, rmsnorm
+  StageBackends stages;           // backend of each stage
   // Everything but backend and ISA: rows with equal shape_id compete.
   std::string shape_id() const;
   // shape_id plus backend and ISA: how --compare matches rows.

@@ -11,11 +11,11 @@
 #include <sstream>
 #include <thread>
 
-#include "generator/backend_api.h"
 #include "generator/errors.h"
 #include "runtime/bench/bench.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/io/npy.h"
 #include "runtime/report/bench_report.h"
@@ -164,8 +164,15 @@ int cmd_bench(int argc, char** argv, int first) {
     }
     o.isas = expand(given, names, "--isa", valid);
   }
-  o.backends = expand(a.list("backend", "all"), {"reference", "highway", "llvm", "xbyak"}, "--backend",
-                      "reference, highway, llvm, xbyak, auto, all", {"auto"});
+  {
+    std::vector<std::string> names;
+    std::string valid;
+    for (const Backend& b : backends()) {
+      names.push_back(b.name);
+      valid += b.name + std::string(", ");
+    }
+    o.backends = expand(a.list("backend", "all"), names, "--backend", valid + "auto, all", {"auto"});
+  }
   o.phases = expand(a.list("phase", "prefill,decode"), bench::phase_names(), "--phase",
                     "prefill, decode, block, projections, all");
   o.new_tokens = a.integer("new-tokens", bench::kDefaultNewTokens, 1, 1 << 20);

@@ -8,12 +8,10 @@
 #include "generator/kernel_key.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
 #include "runtime/exec/kv_cache.h"
-#ifdef G3_LLVM_AVAILABLE
-#include "generator/llvm/llvm_backend.h"
-#endif
 
 namespace g3::cli {
 
@@ -76,9 +74,9 @@ int cmd_plan(int argc, char** argv, int first) {
     j["backend"] = c.backend;
     j["isa"] = c.kernels.isa;
     j["specialised"] = c.kernels.specialised;
-    j["stages"] = {{"qk", c.stages[0]}, {"core", c.stages[1]}, {"gemm", c.stages[2]}, {"rmsnorm", c.stages[3]}};
+    for (Stage s : kStages) j["stages"][stage_name(s)] = c.stages[s];
     if (!c.fallback.empty()) j["fallback"] = c.fallback;
-    if (c.backend == "llvm" || c.backend == "xbyak") {
+    if (find_backend(c.backend)->kind == BackendKind::Jit) {
       j["compile_ms"] = c.kernels.compile_ms;
       j["cached"] = c.kernels.cached;
     }
@@ -93,13 +91,12 @@ int cmd_plan(int argc, char** argv, int first) {
     nlohmann::json out;
     out["model"] = {{"name", m.name}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers}};
     out["layers"] = layers;
-    out["kernels_built"] = {{"highway", kernels_built("highway")},
-                            {"llvm", kernels_built("llvm")},
-                            {"xbyak", kernels_built("xbyak")}};
-#ifdef G3_LLVM_AVAILABLE
-    // Observable proof of the disk cache: a second process compiles nothing.
-    out["llvm"] = {{"compiles", g3::llvm_compiles()}, {"cache_hits", g3::llvm_cache_hits()}};
-#endif
+    for (const Backend& b : backends()) {
+      // The reference builds nothing; the others count kernels made.
+      if (b.kind != BackendKind::Reference) out["kernels_built"][b.name] = kernels_built(b.name);
+      // Observable proof of a JIT's disk cache: a second process compiles nothing.
+      if (b.compiles) out[b.name] = {{"compiles", b.compiles()}, {"cache_hits", b.cache_hits()}};
+    }
     if (!m.defaulted.empty()) out["defaults_used"] = m.defaulted;
     out["kv_bytes"] = {{"ring", kvb.ring},        {"full_length", kvb.full_length},
                        {"context", context},      {"batch", batch},

@@ -3,21 +3,29 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 
 #include "generator/errors.h"
-#include "runtime/reference/reference.h"
 
 namespace g3 {
 
 const std::vector<std::string>& backend_names() {
-  static const std::vector<std::string> v = {"reference", "highway", "llvm", "xbyak", "auto"};
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> names;
+    for (const Backend& b : backends()) names.push_back(b.name);
+    names.push_back("auto");
+    return names;
+  }();
   return v;
 }
 
 std::string parse_backend(const std::string& name) {
-  for (const auto& b : backend_names())
+  std::string valid;
+  for (const auto& b : backend_names()) {
     if (b == name) return name;
-  throw InputError("--backend: unknown backend '" + name + "' (valid: reference, highway, llvm, xbyak, auto)");
+    valid += (valid.empty() ? "" : ", ") + b;
+  }
+  throw InputError("--backend: unknown backend '" + name + "' (valid: " + valid + ")");
 }
 
 namespace {
@@ -25,49 +33,13 @@ namespace {
 std::mutex g_mu;
 std::map<std::string, int> g_built;
 
-BackendKernels reference_kernels() {
-  BackendKernels k;
-  k.table = ref::kernel_table();
-  k.isa = "scalar";
-  k.specialised = false;
-  return k;
-}
-
-// One backend's kernels for a key, or an InputError saying why not.
-BackendKernels build(const std::string& backend, const KernelKey& key, const std::string& isa) {
-  if (backend == "reference") return reference_kernels();
-  if (backend == "highway") {
-#ifdef G3_HIGHWAY_AVAILABLE
-    return highway_kernels(key, isa);
-#else
-    throw InputError("the highway backend is not part of this build");
-#endif
-  }
-  if (backend == "llvm") {
-#ifdef G3_LLVM_AVAILABLE
-    std::string why;
-    if (!llvm_available(&why)) throw InputError("llvm backend unavailable: " + why);
-    return llvm_kernels(key, isa);
-#else
-    throw InputError("the llvm backend is not part of this build (configure with -DG3ATTN_WITH_LLVM=ON)");
-#endif
-  }
-  if (backend == "xbyak") {
-#ifdef G3_XBYAK_AVAILABLE
-    std::string why;
-    if (!xbyak_available(key, isa, &why)) throw InputError("xbyak backend unavailable: " + why);
-    return xbyak_kernels(key, isa);
-#else
-    throw InputError("the xbyak backend is not part of this build");
-#endif
-  }
-  throw InputError("--backend: unknown backend '" + backend + "'");
-}
-
-// Memoised build: the first caller builds, others wait on the same future.
-BackendKernels cached_build(const std::string& backend, const KernelKey& key, const std::string& isa) {
+// The one memo of built kernels: the first caller of a (backend, ISA, key)
+// builds, concurrent callers wait on the same future. A failed build is
+// forgotten, so a later call (e.g. once the JIT's cache directory is
+// writable) tries again instead of repeating a stale error.
+BackendKernels cached_build(const Backend& backend, const KernelKey& key, const std::string& isa) {
   static std::map<std::string, std::shared_future<BackendKernels>> memo;
-  std::string id = backend + "|" + isa + "|" + key.str();
+  const std::string id = std::string(backend.name) + "|" + isa + "|" + key.str();
   std::promise<BackendKernels> promise;
   std::shared_future<BackendKernels> fut;
   bool mine = false;
@@ -84,105 +56,66 @@ BackendKernels cached_build(const std::string& backend, const KernelKey& key, co
   }
   if (mine) {
     try {
-      BackendKernels k = build(backend, key, isa);
+      BackendKernels k = backend.build(key, isa);
       {
         std::lock_guard<std::mutex> lock(g_mu);
-        ++g_built[backend];
+        ++g_built[backend.name];
       }
       promise.set_value(k);
     } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        memo.erase(id);
+      }
       promise.set_exception(std::current_exception());
     }
   }
   return fut.get();
 }
 
-// Whether a JIT backend can serve (key, isa) here; `why` says why not.
-bool jit_available(const std::string& backend, const KernelKey& key, const std::string& isa, std::string* why) {
-  if (backend == "xbyak") {
-#ifdef G3_XBYAK_AVAILABLE
-    return xbyak_available(key, isa, why);
-#else
-    *why = "the xbyak backend is not part of this build";
-    return false;
-#endif
-  }
-  if (backend == "llvm") {
-#ifdef G3_LLVM_AVAILABLE
-    (void)key;
-    (void)isa;
-    return llvm_available(why);
-#else
-    *why = "the llvm backend is not part of this build (configure with -DG3ATTN_WITH_LLVM=ON)";
-    return false;
-#endif
-  }
-  return true;
+const Backend& fallback_of(const Backend& b) {
+  const Backend* f = b.fallback ? find_backend(b.fallback) : nullptr;
+  if (!f) throw std::logic_error(std::string("backend table: ") + b.name + " has no fallback");
+  return *f;
 }
 
-std::string aot_backend() {
-#ifdef G3_HIGHWAY_AVAILABLE
-  return "highway";
-#else
-  return "reference";
-#endif
+// The backend's kernels with every stage filled: the stages it leaves null
+// come from its fallback's complete table, recursively.
+KernelChoice complete(const Backend& b, const KernelKey& key, const std::string& isa) {
+  KernelChoice c;
+  c.kernels = cached_build(b, key, isa);
+  c.backend = b.name;
+  KernelChoice fill;
+  bool filled = false;
+  for (Stage s : kStages) {
+    if (has_stage(c.kernels.table, s)) {
+      c.stages[s] = b.name;
+      continue;
+    }
+    if (!filled) {
+      fill = complete(fallback_of(b), key, isa);
+      filled = true;
+    }
+    copy_stage(c.kernels.table, fill.kernels.table, s);
+    c.stages[s] = fill.stages[s];
+  }
+  return c;
 }
-
-// The auto rule. Every backend computes the same numerics (f32 arithmetic;
-// bf16 KV is storage only), so auto is purely a speed choice, and a speed
-// rule measured on one CPU does not transfer to another (vdpbf16ps is twice
-// the fp32 peak on Zen 4 and half of it on Emerald Rapids). Until a
-// measured profile exists, auto takes the AOT Highway kernels: on both CPUs
-// the bench measured them fastest or within a few percent of the fastest on
-// f32 KV and on bf16 KV with widening.
-std::string auto_backend() { return aot_backend(); }
 
 }  // namespace
 
-KernelChoice kernels_for(const KernelKey& key, const std::string& backend_in, const std::string& isa) {
-  std::string backend = parse_backend(backend_in);
-  KernelChoice c;
-  if (backend == "auto") {
-    backend = auto_backend();
-  } else if (backend == "llvm" || backend == "xbyak") {
-    // An unavailable JIT falls back to the AOT kernels, saying why.
-    std::string why;
-    if (!jit_available(backend, key, isa, &why)) {
-      c.fallback = backend + " unavailable (" + why + "), using " + aot_backend();
-      backend = aot_backend();
-    }
+KernelChoice kernels_for(const KernelKey& key, const std::string& name, const std::string& isa) {
+  parse_backend(name);
+  const Backend* b = name == "auto" ? &auto_backend() : find_backend(name);
+  // A backend that cannot serve the request here falls back, saying why.
+  std::string fallback;
+  if (const std::string why = b->why_unavailable(key, isa); !why.empty()) {
+    const Backend& f = fallback_of(*b);
+    fallback = std::string(b->name) + " unavailable (" + why + "), using " + f.name;
+    b = &f;
   }
-  c.kernels = cached_build(backend, key, isa);
-  c.backend = backend;
-  // Stages this backend does not provide come from Highway (same ISA), else
-  // from the reference.
-  BackendKernels fill;
-  bool need_fill = !c.kernels.table.qk || !c.kernels.table.core || !c.kernels.table.gemm || !c.kernels.table.rmsnorm;
-  std::string fill_name = "reference";
-  if (need_fill) {
-#ifdef G3_HIGHWAY_AVAILABLE
-    if (backend != "reference" && backend != "highway") {
-      fill = cached_build("highway", key, isa);
-      fill_name = "highway";
-    } else {
-      fill = reference_kernels();
-    }
-#else
-    fill = reference_kernels();
-#endif
-  }
-  auto take = [&](auto& mine, auto theirs, int stage) {
-    if (mine) {
-      c.stages[stage] = backend;
-    } else {
-      mine = theirs;
-      c.stages[stage] = fill_name;
-    }
-  };
-  take(c.kernels.table.qk, fill.table.qk, 0);
-  take(c.kernels.table.core, fill.table.core, 1);
-  take(c.kernels.table.gemm, fill.table.gemm, 2);
-  take(c.kernels.table.rmsnorm, fill.table.rmsnorm, 3);
+  KernelChoice c = complete(*b, key, isa);
+  c.fallback = fallback;
   return c;
 }
 

@@ -1,16 +1,18 @@
-// Which kernel for which key: the backend policy, its fallbacks, and a
-// process-wide memo so layers with equal keys share one kernel and many
-// threads asking for the same key build it once.
+// Which kernel for which key: the backend policy over the backend table
+// (backends.h), its fallbacks, and the process-wide memo of built kernels,
+// so layers with equal keys share one kernel and many threads asking for
+// the same key build it once.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "generator/backend_api.h"
 #include "generator/kernel_key.h"
+#include "runtime/dispatch/backends.h"
 
 namespace g3 {
 
-// Backend names on the command line.
+// Backend names on the command line: the table's, then "auto".
 const std::vector<std::string>& backend_names();  // reference highway llvm xbyak auto
 // Validates a --backend value (InputError listing the valid names).
 std::string parse_backend(const std::string& name);
@@ -18,14 +20,16 @@ std::string parse_backend(const std::string& name);
 struct KernelChoice {
   BackendKernels kernels;        // the table every stage is called through (complete)
   std::string backend;           // backend of the attention core
-  std::string stages[4];         // backend of qk, core, gemm, rmsnorm
+  StageBackends stages;          // backend of each stage
   std::string fallback;          // why the requested backend was not used, or ""
 };
 
 // Resolves (key, backend, isa) to a complete kernel table. `backend` may be
-// "auto" (rule in kernel_registry.cc, documented in `g3attn --help`);
-// `isa` is a resolved ISA name (see isa.h). Missing stages come from the
-// Highway backend on the same ISA (or the reference when Highway is absent).
+// "auto" (auto_backend() in backends.cc, documented in `g3attn --help`);
+// `isa` is a resolved ISA name (see isa.h). A backend that cannot serve the
+// request here is replaced by its fallback, and the stages it leaves null
+// come from its fallback's complete table (for the JITs, Highway on the
+// same ISA).
 KernelChoice kernels_for(const KernelKey& key, const std::string& backend, const std::string& isa);
 
 // Counters for tests and `plan --json`: how many kernels this process built

@@ -75,7 +75,7 @@ nlohmann::json row_json(const Row& r) {
   j["flops"] = r.flops;
   if (r.phase == "decode") j["kv_bytes"] = r.kv_bytes;
   j["specialised"] = r.specialised;
-  j["stages"] = {{"qk", r.stages[0]}, {"core", r.stages[1]}, {"gemm", r.stages[2]}, {"rmsnorm", r.stages[3]}};
+  for (Stage s : kStages) j["stages"][stage_name(s)] = r.stages[s];
   return j;
 }
 

@@ -205,13 +205,8 @@ TEST_CASE("bench skips ISAs and backends it cannot run with a note, never an err
 }
 
 TEST_CASE("bench --backend auto measures the route users get and names it per row", "[bench][auto]") {
-  // f32 KV: README's auto rule takes highway (the reference kernels when
-  // Highway is not built), on every ISA asked for.
-#ifdef G3_HIGHWAY_AVAILABLE
+  // f32 KV: README's auto rule takes highway, on every ISA asked for.
   const std::string route = "highway";
-#else
-  const std::string route = "reference";
-#endif
   g3test::TempDir dir;
   const std::string csv = dir.file("rows.csv");
   g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "16",

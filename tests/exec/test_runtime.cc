@@ -294,13 +294,8 @@ TEST_CASE("every backend of this build runs the stack like the reference stack",
       // decides from build flags and CPUID, not from the registry); every
       // other one must run itself: a fallback to highway is not a pass.
       if (backend != "auto" && !g3test::backend_runs_here(backend, "best")) continue;
-      // README: auto takes highway for f32 KV (this model's), the reference
-      // kernels when Highway is not built.
-#ifdef G3_HIGHWAY_AVAILABLE
+      // README: auto takes highway for f32 KV (this model's).
       const std::string expect = backend == "auto" ? "highway" : backend;
-#else
-      const std::string expect = backend == "auto" ? "reference" : backend;
-#endif
       Model m(cfg, g3test::random_weights(6), opts(backend, B, L, 7, 2));
       for (const PreparedLayer& layer : m.layers()) {
         INFO("backend " << backend << " layer " << layer.spec.index << ": ran " << layer.kernels.backend << " "

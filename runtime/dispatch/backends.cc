@@ -1,0 +1,114 @@
+#include "runtime/dispatch/backends.h"
+
+#include "generator/errors.h"
+#include "runtime/reference/reference.h"
+
+// The one place that knows whether the LLVM JIT is part of this binary
+// (-DG3ATTN_WITH_LLVM); everything else asks the table below.
+#ifdef G3_LLVM_AVAILABLE
+#include "generator/llvm/llvm_backend.h"
+#endif
+
+namespace g3 {
+
+const char* stage_name(Stage s) {
+  switch (s) {
+    case Stage::Qk: return "qk";
+    case Stage::Core: return "core";
+    case Stage::Gemm: return "gemm";
+    case Stage::RmsNorm: return "rmsnorm";
+  }
+  return "?";
+}
+
+bool has_stage(const g3_kernel_table& t, Stage s) {
+  switch (s) {
+    case Stage::Qk: return t.qk != nullptr;
+    case Stage::Core: return t.core != nullptr;
+    case Stage::Gemm: return t.gemm != nullptr;
+    case Stage::RmsNorm: return t.rmsnorm != nullptr;
+  }
+  return false;
+}
+
+void copy_stage(g3_kernel_table& to, const g3_kernel_table& from, Stage s) {
+  switch (s) {
+    case Stage::Qk: to.qk = from.qk; break;
+    case Stage::Core: to.core = from.core; break;
+    case Stage::Gemm: to.gemm = from.gemm; break;
+    case Stage::RmsNorm: to.rmsnorm = from.rmsnorm; break;
+  }
+}
+
+namespace {
+
+std::string always_available(const KernelKey&, const std::string&) { return ""; }
+
+BackendKernels reference_build(const KernelKey&, const std::string&) {
+  BackendKernels k;
+  k.table = ref::kernel_table();
+  k.isa = "scalar";
+  k.specialised = false;
+  return k;
+}
+
+std::string xbyak_why_unavailable(const KernelKey& key, const std::string& isa) {
+  std::string why;
+  return xbyak_available(key, isa, &why) ? "" : why;
+}
+
+#ifdef G3_LLVM_AVAILABLE
+constexpr bool kLlvmInBuild = true;
+std::string llvm_why_unavailable(const KernelKey&, const std::string&) {
+  std::string why;
+  return llvm_available(&why) ? "" : why;
+}
+BackendKernels llvm_build(const KernelKey& key, const std::string& isa) { return llvm_kernels(key, isa); }
+int (*const kLlvmCompiles)() = &llvm_compiles;
+int (*const kLlvmCacheHits)() = &llvm_cache_hits;
+#else
+constexpr bool kLlvmInBuild = false;
+constexpr const char* kLlvmNotBuilt = "the llvm backend is not part of this build (configure with -DG3ATTN_WITH_LLVM=ON)";
+std::string llvm_why_unavailable(const KernelKey&, const std::string&) { return kLlvmNotBuilt; }
+BackendKernels llvm_build(const KernelKey&, const std::string&) { throw InputError(kLlvmNotBuilt); }
+int (*const kLlvmCompiles)() = nullptr;
+int (*const kLlvmCacheHits)() = nullptr;
+#endif
+
+}  // namespace
+
+const std::vector<Backend>& backends() {
+  // Highway serves every ISA that --isa accepts (resolve_isa refuses targets
+  // this build did not compile or this CPU cannot run), so it is never
+  // unavailable; for any other name its build says why. A JIT that cannot
+  // serve a request falls back to Highway, which also serves the stages it
+  // does not JIT (projections and norms; for xbyak the QK stage too).
+  static const std::vector<Backend> list = {
+      {"reference", BackendKind::Reference, nullptr, true, &always_available, &reference_build, nullptr, nullptr},
+      {"highway", BackendKind::Aot, "reference", true, &always_available, &highway_kernels, nullptr, nullptr},
+      {"llvm", BackendKind::Jit, "highway", kLlvmInBuild, &llvm_why_unavailable, &llvm_build, kLlvmCompiles,
+       kLlvmCacheHits},
+      {"xbyak", BackendKind::Jit, "highway", true, &xbyak_why_unavailable, &xbyak_kernels, nullptr, nullptr},
+  };
+  return list;
+}
+
+const Backend* find_backend(const std::string& name) {
+  for (const Backend& b : backends())
+    if (name == b.name) return &b;
+  return nullptr;
+}
+
+// The auto rule. Every backend computes the same numerics (f32 arithmetic;
+// bf16 KV is storage only), so auto is purely a speed choice, and a speed
+// rule measured on one CPU does not transfer to another (vdpbf16ps is twice
+// the fp32 peak on Zen 4 and half of it on Emerald Rapids). Until a
+// measured profile exists, auto takes the AOT Highway kernels: on both CPUs
+// the bench measured them fastest or within a few percent of the fastest on
+// f32 KV and on bf16 KV with widening.
+const Backend& auto_backend() {
+  static const Backend& b = *find_backend("highway");
+  return b;
+}
+
+}  // namespace g3
