@@ -13,20 +13,12 @@
 #include <new>
 #include <vector>
 
+// The AVX2 copy's to_bf16_pairs (never reached, as vdpbf16ps needs AVX-512,
+// but it must compile) rounds with the project's one scalar f32_to_bf16.
+#include "generator/bf16.h"
 #include "generator/xbyak/xbyak_core.h"
 
 namespace g3::xbyak {
-
-namespace {
-// bf16 rounding (round to nearest even) for the non-AVX-512 copy, where
-// to_bf16_pairs is never reached but must compile.
-[[maybe_unused]] inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-}  // namespace
 
 // GCC 12 reports the deliberately undefined pass-through operand inside
 // several AVX-512 intrinsics as "may be used uninitialized" (a false positive).
