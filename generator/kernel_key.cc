@@ -28,16 +28,19 @@ std::string KernelKey::str() const {
   return s;
 }
 
-std::string KernelKey::ident() const {
+std::string key_ident(const std::string& key) {
   std::string s;
-  for (char c : str()) {
-    if (c == '.') s += 'p';
+  for (char c : key) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_') s += c;
+    else if (c == '.') s += 'p';
     else if (c == '-') s += 'm';
     else if (c == '+') continue;
-    else s += c;
+    else s += 'x';
   }
   return s;
 }
+
+std::string KernelKey::ident() const { return key_ident(str()); }
 
 KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights) {
   KernelKey k;

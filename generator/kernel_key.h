@@ -23,14 +23,25 @@ struct KernelKey {
   DType kv_dtype = DType::F32;
   DType weight_dtype = DType::BF16;
 
-  // Stable, readable, and a valid C identifier fragment, e.g.
-  // "dh256_g4_w512_b10000_s1_a0x1p-4_kvf32_wbf16" (alpha in hex float so
-  // it round-trips exactly).
+  // Stable and readable, e.g. "dh256_g4_local512_b10000_s1_a0.0625_kvf32_wbf16"
+  // ("global" instead of "local<W>" on global layers). The numbers are
+  // printed with "%.9g": nine significant digits give back every float
+  // exactly, so alpha round-trips, but rope base and scale are doubles, so
+  // two of them that differ only past the ninth digit print alike. The
+  // string is not an identifier ('.', '-' and '+' occur); ident() is.
+  // Its format is part of the on-disk LLVM cache identity and of the key
+  // strings in generated registries (and the generated smoke test parses
+  // them), so changing it orphans cached objects and generated trees.
   std::string str() const;
-  // The same, for C identifiers (only [A-Za-z0-9_]).
+  // key_ident(str()): the key as a C identifier fragment.
   std::string ident() const;
   bool operator==(const KernelKey&) const = default;
 };
+
+// A key string as a C identifier fragment (only [A-Za-z0-9_]), for names
+// of generated namespaces, files and JIT modules: '.' becomes 'p', '-'
+// becomes 'm', '+' is dropped and any other character becomes 'x'.
+std::string key_ident(const std::string& key);
 
 KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights);
 // Distinct keys of a model, in first-use order (local before global for Gemma 3).

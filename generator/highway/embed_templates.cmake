@@ -1,6 +1,9 @@
-# Writes OUT: a C++ source defining g3::hwygen::embedded_templates(), the
-# text of each file in FILES keyed by its base name. Run at build time.
-set(body "// Generated at build time from templates/: do not edit.\n#include <string>\n#include <utility>\n#include <vector>\n\nnamespace g3::hwygen {\n\nconst std::vector<std::pair<std::string, std::string>>& embedded_templates() {\n  static const std::vector<std::pair<std::string, std::string>> files = {\n")
+# Writes OUT: a C++ source defining g3::hwygen::FUNCTION(), the text of each
+# file in FILES keyed by its base name. Run at build time, so the files stay
+# real files in the tree (readable, diffable) while the binary that writes
+# them out (`g3attn generate`) does not need the source tree. FROM names the
+# folder in the generated comment.
+set(body "// Generated at build time from ${FROM}: do not edit.\n#include <string>\n#include <utility>\n#include <vector>\n\nnamespace g3::hwygen {\n\nconst std::vector<std::pair<std::string, std::string>>& ${FUNCTION}() {\n  static const std::vector<std::pair<std::string, std::string>> files = {\n")
 foreach(f ${FILES})
   get_filename_component(name ${f} NAME)
   file(READ ${f} text)

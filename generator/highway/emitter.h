@@ -20,7 +20,7 @@ struct SourceFile {
 // the attention stages do not depend on (so bf16- and f32-weight layers share
 // one kernel). This is the string the registry maps to kernels.
 std::string attention_key(const KernelKey& k);
-// A C identifier fragment for it.
+// A C identifier fragment for it (key_ident of the attention key).
 std::string attention_ident(const KernelKey& k);
 
 // Distinct attention keys of the models for the given KV dtypes, in
@@ -37,8 +37,10 @@ std::vector<SourceFile> key_sources(const std::vector<KernelKey>& keys, int slot
 // The registry source: g3_hwy_keys, g3_hwy_lookup, g3_hwy_best_isa.
 SourceFile registry_source(const std::vector<KernelKey>& keys);
 
-// For a standalone tree (`g3attn generate`): a CMakeLists.txt building the
-// sources into a static library with nothing but Highway, and a README.
+// For a standalone tree (`g3attn generate`), from the files of
+// generator/highway/project/ (embedded at build time) with the keys filled
+// in: a CMakeLists.txt building the sources into a static library with
+// nothing but Highway, and a README listing the keys.
 SourceFile standalone_cmakelists(const std::vector<KernelKey>& keys);
 SourceFile standalone_readme(const std::vector<KernelKey>& keys, const std::vector<std::string>& models);
 // A small program that checks the library: every key on the best ISA, one
