@@ -1,26 +1,23 @@
-// The bench harness. Every kernel is called through the g3_kernel_table that
-// kernels_for() returns for (key, backend, ISA), on buffers laid out as the
-// kernel contract says, split across our own std::threads the way a runtime
-// would split them (KV heads x query tiles for prefill, KV heads x KV chunks
-// merged by log-sum-exp for decode, column panels for the projections).
+// The bench harness. Every row times the runtime's own code, the code `g3attn
+// run` runs: a layer prepared with the row's backend and ISA
+// (runtime/exec/block.h), the runtime's KV caches and thread pool. Prefill
+// and decode rows time the attention core stage of a cached block call
+// (run_attention_core: query tiles per KV head, long decodes split into
+// chunks merged by log-sum-exp), projections rows the two projection stages,
+// block rows the whole cached block call.
 #include "runtime/bench/bench.h"
 
-#include <immintrin.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <new>
 #include <set>
 #include <thread>
 
@@ -30,8 +27,10 @@
 #include "generator/errors.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
-#include "runtime/dispatch/packed_weights.h"
-#include "runtime/reference/reference.h"
+#include "runtime/exec/block.h"
+#include "runtime/exec/kv_cache.h"
+#include "runtime/exec/thread_pool.h"
+#include "runtime/io/layer_weights.h"
 
 namespace g3::bench {
 
@@ -64,101 +63,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A small persistent pool: the caller plus n-1 workers pull item indices
-// from one atomic counter, so uneven items (causal tiles, window edges)
-// balance themselves. Workers spin briefly between regions because the
-// decode rows are sub-millisecond and a condition-variable wake-up would
-// show up in them; after the spin they sleep.
-class Pool {
- public:
-  explicit Pool(int n) : n_(std::max(1, n)) {
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-      gen_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-  int size() const { return n_; }
-  void run(int64_t items, const std::function<void(int64_t)>& fn) {
-    if (items <= 0) return;
-    if (n_ == 1 || items == 1) {
-      for (int64_t i = 0; i < items; ++i) fn(i);
-      return;
-    }
-    fn_ = &fn;
-    items_ = items;
-    next_.store(0, std::memory_order_relaxed);
-    done_.store(0, std::memory_order_relaxed);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      gen_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_all();
-    work();
-    while (done_.load(std::memory_order_acquire) != n_ - 1) _mm_pause();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= items_) break;
-      (*fn_)(i);
-    }
-  }
-  void loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      int spins = 0;
-      while (gen_.load(std::memory_order_acquire) == seen) {
-        if (++spins < 20000) {
-          _mm_pause();
-        } else {
-          std::unique_lock<std::mutex> l(mu_);
-          cv_.wait(l, [&] { return gen_.load(std::memory_order_acquire) != seen; });
-        }
-      }
-      seen = gen_.load(std::memory_order_acquire);
-      if (stop_) return;
-      work();
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-  int n_;
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int64_t> next_{0};
-  std::atomic<int> done_{0};
-  int64_t items_ = 0;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  bool stop_ = false;
-};
-
-// 64-byte aligned, zeroed buffer.
-struct Buf {
-  std::shared_ptr<uint8_t> p;
-  size_t bytes = 0;
-  static Buf make(size_t bytes) {
-    Buf b;
-    b.bytes = bytes;
-    size_t n = (bytes + 63) / 64 * 64 + 64;
-    void* m = std::aligned_alloc(64, n);
-    if (!m) throw std::bad_alloc();
-    std::memset(m, 0, n);
-    b.p = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [](uint8_t* q) { std::free(q); });
-    return b;
-  }
-  float* f() const { return reinterpret_cast<float*>(p.get()); }
-  uint8_t* u() const { return p.get(); }
-};
-
 // splitmix64: fast, seedable per chunk so parallel fills are deterministic.
 uint64_t mix(uint64_t& s) {
   uint64_t z = (s += 0x9e3779b97f4a7c15ull);
@@ -170,10 +74,10 @@ uint64_t mix(uint64_t& s) {
 float uni(uint64_t& s, float a) { return (float(mix(s) >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f) * a; }
 
 // Fills n elements (f32 or bf16) in parallel chunks.
-void fill_random(Pool& pool, void* dst, int64_t n, DType dt, float sigma, uint64_t seed) {
+void fill_random(ThreadPool& pool, void* dst, int64_t n, DType dt, float sigma, uint64_t seed) {
   const int64_t chunk = 1 << 20;
   const float a = sigma * 1.7320508f;
-  pool.run((n + chunk - 1) / chunk, [&](int64_t c) {
+  pool.parallel_for((n + chunk - 1) / chunk, [&](int64_t c) {
     uint64_t s = seed * 0x1234567ull + uint64_t(c);
     int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
     if (dt == DType::F32) {
@@ -187,7 +91,6 @@ void fill_random(Pool& pool, void* dst, int64_t n, DType dt, float sigma, uint64
 }
 
 size_t esize(DType d) { return d == DType::F32 ? 4 : 2; }
-int32_t contract_dtype(DType d) { return d == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16; }
 
 // One measured shape: everything but the backend and ISA.
 struct Shape {
@@ -219,321 +122,104 @@ double projection_flops(const LayerSpec& s, int64_t tokens) {
   return double(tokens) * (2 * D * (N + 2 * K) * H + 2 * N * H * D);
 }
 
-// The key range [s0, C) a query block can see: causal end, window start.
-// Passing only that range is what a runtime with a full-length cache does.
-int64_t window_start(int64_t first_qpos, int64_t window) {
-  return window > 0 ? std::max<int64_t>(0, first_qpos - window + 1) : 0;
+// The first key position a query at `qpos` sees.
+int64_t window_start(int64_t qpos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, qpos - window + 1) : 0;
 }
 
-// Buffers for one (model, KV dtype, context, batch): the cache and the
-// activations of every phase.
+// A model's layer of one kind with random checkpoint-like weights (as `g3attn
+// run` draws them), packed once; every row's layer shares these weights.
+PreparedLayer random_layer(const LayerSpec& s, DType wd) {
+  return prepare_layer(s, random_layer_weights(s, 7, wd), DType::F32, "reference", "scalar");
+}
+
+// The runtime's state for one shape: the call's B x T tokens at positions
+// C-T .. C-1 after C-T earlier tokens, in a KV cache built as `g3attn run`
+// builds it (full length on global layers, a ring sized for calls of T
+// tokens on local ones), and the block's scratch with random activations.
+// `history` is the cache before the call (block rows append to it each run);
+// `cache` after it, as the attention core sees it.
 struct Env {
   std::string id;
   int64_t B = 0, C = 0, T = 0;
-  DType kv = DType::F32;
-  Buf kc, vc;                // [B][Nkv][C][dh]
-  std::vector<int32_t> kpos; // [C] slot s holds position s
-  std::vector<uint8_t> kvalid;
-  std::vector<int32_t> qpos; // [T] = C - T + t
-  std::vector<int64_t> slot; // [T] = C - T + t
-  Buf q, enc, part, lse;     // q [B][T][N][dh] (alpha-scaled), enc likewise
-  Buf x, u, qkv, attn, y;    // block activations
+  std::unique_ptr<LayerKvCache> history, cache;
+  std::vector<int32_t> qpos;  // [B][T]
+  std::vector<float> x, y;    // block rows: input and output [B][T][D]
+  BlockScratch scratch;
 };
 
-// Packed projection weights of one model and weight dtype.
-struct Weights {
-  std::string id;
-  PackedWeights wqkv, wo;
-  std::vector<float> q_norm, k_norm, in_norm, post_norm;
-};
-
-Weights make_weights(Pool& pool, const LayerSpec& s, DType wd) {
-  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
-  auto mat = [&](int64_t rows, int64_t cols, uint64_t seed) {
-    WeightMatrix m;
-    m.dtype = wd;
-    m.rows = rows;
-    m.cols = cols;
-    if (wd == DType::F32) m.f32.resize(size_t(rows * cols));
-    else m.bf16.resize(size_t(rows * cols));
-    fill_random(pool, wd == DType::F32 ? static_cast<void*>(m.f32.data()) : static_cast<void*>(m.bf16.data()),
-                rows * cols, wd, 0.02f, seed);
-    return m;
-  };
-  Weights w;
-  w.wqkv = pack_weights(mat((N + 2 * K) * H, D, 11));  // q, k, v rows stacked, as the block fuses them
-  w.wo = pack_weights(mat(D, N * H, 12));
-  auto vec = [&](int64_t n, uint64_t seed) {
-    std::vector<float> v(static_cast<size_t>(n));
-    uint64_t st = seed;
-    for (auto& x : v) x = uni(st, 0.1f * 1.7320508f);
-    return v;
-  };
-  w.q_norm = vec(H, 13);
-  w.k_norm = vec(H, 14);
-  w.in_norm = vec(D, 15);
-  w.post_norm = vec(D, 16);
-  return w;
+// Appends tokens [p0, p1) to every row of `c` in calls of at most `call` tokens.
+void append_positions(LayerKvCache& c, int64_t p0, int64_t p1, int64_t call) {
+  std::vector<int32_t> pos;
+  std::vector<int64_t> slot;
+  for (int64_t t0 = p0; t0 < p1; t0 += call) {
+    const int64_t n = std::min(call, p1 - t0);
+    pos.resize(size_t(n));
+    slot.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(t0 + i);
+    for (int64_t b = 0; b < c.batch(); ++b) {
+      c.check_append(b, pos.data(), nullptr, n, n);
+      c.append(b, pos.data(), nullptr, n, slot.data());
+    }
+  }
 }
 
-// Runs the stages of one shape on one kernel table.
-class Runner {
- public:
-  Runner(Pool& pool, const Shape& sh, const g3_kernel_table& k, Env& env, const Weights* w)
-      : pool_(pool), sh_(sh), k_(k), env_(env), w_(w) {
-    const LayerSpec& s = sh.spec;
-    D_ = s.hidden_size;
-    H_ = s.head_dim;
-    N_ = s.num_heads;
-    Nkv_ = s.num_kv_heads;
-    G_ = N_ / Nkv_;
-    QKV_ = (N_ + 2 * Nkv_) * H_;
-    esz_ = esize(sh.kv);
-  }
-
-  void run_once() {
-    if (sh_.phase == "prefill") core(sh_.T);
-    else if (sh_.phase == "decode") core(1);
-    else if (sh_.phase == "projections") projections();
-    else block();
-  }
-
-  // The same core as one unsplit call per (sequence, KV head) over every
-  // slot, on `table`: what the tiles, key ranges and chunk merge must equal.
-  void core_unsplit(const g3_kernel_table& table, int64_t T) {
-    for (int64_t b = 0; b < sh_.B; ++b)
-      for (int64_t j = 0; j < Nkv_; ++j) {
-        g3_core_args a = core_args(b, j, 0, T, 0, env_.C, T);
-        table.core(&a);
-      }
-  }
-
- private:
-  // Steps E-I (SPEC 1.3) for T query tokens at the end of the context.
-  void core(int64_t T) {
-    if (T == 1) core_decode();
-    else core_prefill(T);
-  }
-
-  g3_core_args core_args(int64_t b, int64_t j, int64_t t0, int64_t nt, int64_t s0, int64_t s1, int64_t T) const {
-    g3_core_args a{};
-    a.T = nt;
-    a.q = env_.q.f() + ((b * T + t0) * N_ + j * G_) * H_;
-    a.q_stride = N_ * H_;
-    a.qpos = env_.qpos.data() + (env_.T - T) + t0;
-    const size_t head = size_t((b * Nkv_ + j) * env_.C + s0) * size_t(H_) * esz_;
-    a.k = env_.kc.u() + head;
-    a.v = env_.vc.u() + head;
-    a.S = s1 - s0;
-    a.kpos = env_.kpos.data() + s0;
-    a.kvalid = env_.kvalid.data() + s0;
-    a.out = env_.enc.f() + ((b * T + t0) * N_ + j * G_) * H_;
-    a.out_stride = N_ * H_;
-    a.lse = nullptr;
-    a.head_dim = int32_t(H_);
-    a.group = int32_t(G_);
-    a.window = sh_.spec.window;
-    a.kv_dtype = contract_dtype(sh_.kv);
-    return a;
-  }
-
-  // Prefill: items are (sequence, KV head, query tile). Tiles of 64 queries
-  // keep the G heads' rows of a tile together; they shrink when there would
-  // be fewer than four items per thread.
-  void core_prefill(int64_t T) {
-    const int64_t B = sh_.B, C = env_.C;
-    int64_t tile = 64;
-    const int64_t want = 4 * pool_.size();
-    if (B * Nkv_ * ((T + tile - 1) / tile) < want) tile = std::max<int64_t>(8, (B * Nkv_ * T + want - 1) / want);
-    tile = std::min(tile, T);
-    const int64_t tiles = (T + tile - 1) / tile;
-    pool_.run(B * Nkv_ * tiles, [&](int64_t i) {
-      const int64_t tt = i % tiles, j = (i / tiles) % Nkv_, b = i / (tiles * Nkv_);
-      const int64_t t0 = tt * tile, nt = std::min(tile, T - t0);
-      const int64_t first = C - T + t0, last = first + nt - 1;
-      g3_core_args a = core_args(b, j, t0, nt, window_start(first, sh_.spec.window), last + 1, T);
-      k_.core(&a);
-    });
-  }
-
-  // Decode: the new token at position C-1 reads every visible slot once.
-  // With few KV heads the range is split into chunks, each giving a partial
-  // output and its log-sum-exp, merged as
-  //   o = sum_i exp(lse_i - m) o_i / sum_i exp(lse_i - m),  m = max_i lse_i.
-  void core_decode() {
-    const int64_t B = sh_.B, C = env_.C;
-    const int64_t s0 = window_start(C - 1, sh_.spec.window), len = C - s0;
-    const int64_t target = pool_.size() == 1 ? 1 : 2 * pool_.size();
-    int64_t nch = (target + B * Nkv_ - 1) / (B * Nkv_);
-    nch = std::max<int64_t>(1, std::min(nch, len / 256));
-    if (nch == 1) {
-      pool_.run(B * Nkv_, [&](int64_t i) {
-        const int64_t j = i % Nkv_, b = i / Nkv_;
-        g3_core_args a = core_args(b, j, 0, 1, s0, C, 1);
-        k_.core(&a);
-      });
-      return;
-    }
-    float* part = env_.part.f();
-    float* lse = env_.lse.f();
-    pool_.run(B * Nkv_ * nch, [&](int64_t i) {
-      const int64_t c = i % nch, hb = i / nch, j = hb % Nkv_, b = hb / Nkv_;
-      const int64_t c0 = s0 + len * c / nch, c1 = s0 + len * (c + 1) / nch;
-      g3_core_args a = core_args(b, j, 0, 1, c0, c1, 1);
-      a.out = part + i * G_ * H_;
-      a.out_stride = G_ * H_;
-      a.lse = lse + i * G_;
-      k_.core(&a);
-    });
-    pool_.run(B * Nkv_, [&](int64_t hb) {
-      const int64_t j = hb % Nkv_, b = hb / Nkv_;
-      for (int64_t g = 0; g < G_; ++g) {
-        float m = -INFINITY;
-        for (int64_t c = 0; c < nch; ++c) m = std::max(m, lse[(hb * nch + c) * G_ + g]);
-        float* o = env_.enc.f() + (b * N_ + j * G_ + g) * H_;
-        std::fill(o, o + H_, 0.f);
-        if (m == -INFINITY) continue;  // no visible key: the contract's zeros
-        float wsum = 0;
-        for (int64_t c = 0; c < nch; ++c) {
-          const float wc = std::exp(lse[(hb * nch + c) * G_ + g] - m);
-          if (wc == 0.f) continue;
-          wsum += wc;
-          const float* oc = part + (hb * nch + c) * G_ * H_ + g * H_;
-          for (int64_t h = 0; h < H_; ++h) o[h] += wc * oc[h];
-        }
-        const float inv = 1.f / wsum;
-        for (int64_t h = 0; h < H_; ++h) o[h] *= inv;
-      }
-    });
-  }
-
-  // c[M][cols] = a . W^T split into column ranges of whole panels.
-  void gemm(const PackedWeights& w, const float* a, int64_t M, int64_t lda, float* c, int64_t ldc) {
-    const int64_t panels = w.panels();
-    const int64_t want = pool_.size() == 1 ? 1 : 4 * pool_.size();
-    const int64_t per = std::max<int64_t>(1, (panels + want - 1) / want);
-    const int64_t items = (panels + per - 1) / per;
-    pool_.run(items, [&](int64_t i) {
-      const int64_t n0 = i * per * G3_PANEL, n1 = std::min(w.N, (i + 1) * per * G3_PANEL);
-      g3_gemm_args g = w.args(a, M, lda, c, ldc, n0, n1);
-      k_.gemm(&g);
-    });
-  }
-
-  void rmsnorm(const float* x, float* y, const float* w, const float* residual, int64_t rows) {
-    const int64_t per = std::max<int64_t>(1, (rows + pool_.size() - 1) / pool_.size());
-    pool_.run((rows + per - 1) / per, [&](int64_t i) {
-      const int64_t r0 = i * per, n = std::min(per, rows - r0);
-      k_.rmsnorm(x + r0 * D_, n, D_, D_, w, sh_.spec.rms_eps, residual ? residual + r0 * D_ : nullptr, y + r0 * D_,
-                 D_);
-    });
-  }
-
-  // Steps A and J alone: the fused q/k/v projection and the output one.
-  void projections() {
-    const int64_t M = sh_.B * sh_.T;
-    gemm(w_->wqkv, env_.u.f(), M, D_, env_.qkv.f(), QKV_);
-    gemm(w_->wo, env_.enc.f(), M, N_ * H_, env_.attn.f(), D_);
-  }
-
-  // SPEC 1.2 steps 1-4 with 1.3 A-J: pre-norm, fused projection, QK-norm +
-  // RoPE + alpha + cache write, core, output projection, post-norm + residual.
-  void block() {
-    const int64_t B = sh_.B, T = sh_.T, M = B * T;
-    rmsnorm(env_.x.f(), env_.u.f(), w_->in_norm.data(), nullptr, M);
-    gemm(w_->wqkv, env_.u.f(), M, D_, env_.qkv.f(), QKV_);
-    const int64_t per = std::max<int64_t>(1, (T + pool_.size() - 1) / pool_.size());
-    const int64_t chunks = (T + per - 1) / per;
-    pool_.run(B * chunks, [&](int64_t i) {
-      const int64_t b = i / chunks, t0 = (i % chunks) * per, nt = std::min(per, T - t0);
-      g3_qk_args a{};
-      a.T = nt;
-      a.num_heads = int32_t(N_);
-      a.num_kv_heads = int32_t(Nkv_);
-      a.q = env_.qkv.f() + (b * T + t0) * QKV_;
-      a.q_stride = QKV_;
-      a.k = a.q + N_ * H_;
-      a.v = a.q + (N_ + Nkv_) * H_;
-      a.kv_stride = QKV_;
-      a.pos = env_.qpos.data() + (env_.T - T) + t0;
-      a.q_norm = w_->q_norm.data();
-      a.k_norm = w_->k_norm.data();
-      a.q_out = env_.q.f() + (b * T + t0) * N_ * H_;
-      a.q_out_stride = N_ * H_;
-      a.k_cache = env_.kc.u() + size_t(b * Nkv_ * env_.C * H_) * esz_;
-      a.v_cache = env_.vc.u() + size_t(b * Nkv_ * env_.C * H_) * esz_;
-      a.cache_head_stride = env_.C;
-      a.slot = env_.slot.data() + (env_.T - T) + t0;
-      a.head_dim = int32_t(H_);
-      a.kv_dtype = contract_dtype(sh_.kv);
-      a.alpha = sh_.spec.alpha;
-      a.eps = sh_.spec.rms_eps;
-      a.rope_base = sh_.spec.rope_base;
-      a.rope_scale = sh_.spec.rope_scale;
-      k_.qk(&a);
-    });
-    core(T);
-    gemm(w_->wo, env_.enc.f(), M, N_ * H_, env_.attn.f(), D_);
-    rmsnorm(env_.attn.f(), env_.y.f(), w_->post_norm.data(), env_.x.f(), M);
-  }
-
-  Pool& pool_;
-  const Shape& sh_;
-  const g3_kernel_table& k_;
-  Env& env_;
-  const Weights* w_;
-  int64_t D_ = 0, H_ = 0, N_ = 0, Nkv_ = 0, G_ = 0, QKV_ = 0;
-  size_t esz_ = 4;
-};
-
-// Builds (or keeps) the buffers for a shape. Queries and the cache are
-// random with unit variance (the query alpha-scaled), so logits have about
-// unit variance as after QK-norm.
-void prepare_env(Pool& pool, Env& env, const Shape& sh, int64_t T_max) {
+// Builds (or keeps) the state of a shape. Queries and cached K/V are random
+// with unit variance (the query alpha-scaled), so logits have about unit
+// variance as after QK-norm. `chunk`: the most tokens a call of this run
+// appends (rings are sized for it, as `g3attn run --chunk` sizes them).
+void prepare_env(ThreadPool& pool, Env& env, const Shape& sh, const PreparedLayer& L, int64_t chunk) {
   const LayerSpec& s = sh.spec;
-  const int64_t B = sh.B, C = sh.C, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, D = s.hidden_size;
-  // Query positions exist only with keys; decode-only runs may have a
-  // context shorter than --new-tokens, so they are capped by it.
-  const int64_t Tq = C > 0 ? std::min(T_max, C) : 0;
-  const std::string id = sh.model + "|" + to_string(sh.kv) + "|" + std::to_string(C) + "|" + std::to_string(B) +
-                         "|" + std::to_string(T_max);
+  const int64_t B = sh.B, C = sh.C, T = sh.T, H = s.head_dim, N = s.num_heads, D = s.hidden_size;
+  const std::string id = sh.model + "|" + sh.kind + "|" + to_string(sh.kv) + "|" + std::to_string(C) + "|" +
+                         std::to_string(B) + "|" + std::to_string(T) + "|" + std::to_string(chunk);
   if (env.id == id) return;
   env = Env{};
   env.id = id;
   env.B = B;
   env.C = C;
-  env.T = Tq;
-  env.kv = sh.kv;
-  const size_t cache = size_t(B * K * C * H);
-  env.kc = Buf::make(cache * esize(sh.kv));
-  env.vc = Buf::make(cache * esize(sh.kv));
-  fill_random(pool, env.kc.u(), int64_t(cache), sh.kv, 1.f, 1);
-  fill_random(pool, env.vc.u(), int64_t(cache), sh.kv, 1.f, 2);
-  env.kpos.resize(size_t(C));
-  env.kvalid.assign(size_t(C), 1);
-  for (int64_t i = 0; i < C; ++i) env.kpos[size_t(i)] = int32_t(i);
-  env.qpos.resize(size_t(Tq));
-  env.slot.resize(size_t(Tq));
-  for (int64_t t = 0; t < Tq; ++t) {
-    env.qpos[size_t(t)] = int32_t(C - Tq + t);
-    env.slot[size_t(t)] = C - Tq + t;
+  env.T = T;
+  const int64_t R = B * T;
+  reserve_scratch(L, R, env.scratch);
+  BlockScratch& S = env.scratch;
+  fill_random(pool, S.q.data(), R * N * H, DType::F32, s.alpha, 3);
+  fill_random(pool, S.enc.data(), R * N * H, DType::F32, 1.f, 4);
+  fill_random(pool, S.u.data(), R * D, DType::F32, 1.f, 6);
+  env.x.resize(size_t(R * D));
+  env.y.resize(size_t(R * D));
+  fill_random(pool, env.x.data(), R * D, DType::F32, 1.f, 5);
+  if (C == 0) return;  // projections: no keys
+  env.history = std::make_unique<LayerKvCache>(s, sh.kv, B, C, std::max(chunk, T));
+  LayerKvCache& h = *env.history;
+  const int64_t elems = h.capacity() * s.num_kv_heads * H;
+  for (int64_t b = 0; b < B; ++b) {
+    fill_random(pool, h.k(b), elems, sh.kv, 1.f, 1 + 2 * uint64_t(b));
+    fill_random(pool, h.v(b), elems, sh.kv, 1.f, 2 + 2 * uint64_t(b));
   }
-  const int64_t qn = B * T_max * N * H;
-  env.q = Buf::make(size_t(qn) * 4);
-  fill_random(pool, env.q.f(), qn, DType::F32, s.alpha, 3);
-  env.enc = Buf::make(size_t(qn) * 4);
-  fill_random(pool, env.enc.f(), qn, DType::F32, 1.f, 4);
-  // Decode partials: up to 2 x threads chunks per (sequence, KV head).
-  const int64_t parts = B * K * std::max<int64_t>(1, 2 * pool.size());
-  env.part = Buf::make(size_t(parts * (N / K) * H) * 4);
-  env.lse = Buf::make(size_t(parts * (N / K)) * 4);
-  env.x = Buf::make(size_t(B * T_max * D) * 4);
-  fill_random(pool, env.x.f(), B * T_max * D, DType::F32, 1.f, 5);
-  env.u = Buf::make(size_t(B * T_max * D) * 4);
-  fill_random(pool, env.u.f(), B * T_max * D, DType::F32, 1.f, 6);
-  env.qkv = Buf::make(size_t(B * T_max * (N + 2 * K) * H) * 4);
-  env.attn = Buf::make(size_t(B * T_max * D) * 4);
-  env.y = Buf::make(size_t(B * T_max * D) * 4);
+  append_positions(h, 0, C - T, std::max(chunk, T));
+  // The copy shares the K/V buffers (kv_cache.h) and owns the positions.
+  env.cache = std::make_unique<LayerKvCache>(h);
+  append_positions(*env.cache, C - T, C, T);
+  env.qpos.resize(size_t(R));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) env.qpos[size_t(b * T + t)] = int32_t(C - T + t);
+}
+
+// One run of a shape's row on a prepared layer: the runtime's stage calls.
+void run_once(ThreadPool& pool, const Shape& sh, const PreparedLayer& L, Env& env) {
+  const int64_t R = sh.B * sh.T;
+  if (sh.phase == "prefill" || sh.phase == "decode") {
+    run_attention_core(L, *env.cache, env.qpos.data(), sh.B, sh.T, pool, env.scratch);
+  } else if (sh.phase == "projections") {
+    run_qkv_projection(L, R, pool, env.scratch);
+    run_out_projection(L, R, pool, env.scratch);
+  } else {
+    // The cache as it was before the call (positions only: the K/V buffers
+    // are shared and their contents do not matter for time), then the call.
+    *env.cache = *env.history;
+    run_block_cached(L, *env.cache, env.x.data(), env.qpos.data(), nullptr, sh.B, sh.T, env.y.data(), pool,
+                     env.scratch);
+  }
 }
 
 // One backend on one ISA for one kernel key, or why not.
@@ -543,6 +229,14 @@ struct Combo {
   std::string isa;  // the ISA the code reports (JIT caps may lower it)
   bool ok = false;
 };
+
+// The layer of a shape with a combo's kernels (the packed weights shared).
+PreparedLayer layer_for(const PreparedLayer& base, const Shape& sh, const Combo& c) {
+  PreparedLayer L = base;
+  L.key = kernel_key(sh.spec, sh.kv, base.key.weight_dtype);
+  L.kernels = c.choice;
+  return L;
+}
 
 class Notes {
  public:
@@ -573,37 +267,6 @@ int phase_rank(const std::string& p) {
 }
 
 }  // namespace
-
-double harness_max_error(const std::string& model, const std::string& kind, const std::string& phase,
-                         int64_t context, int64_t new_tokens, int threads, const std::string& backend,
-                         const std::string& isa) {
-  ModelConfig m = builtin_model(model);
-  Shape sh;
-  for (const auto& s : layer_specs(m))
-    if (to_string(s.kind) == kind) {
-      sh.spec = s;
-      break;
-    }
-  if (sh.spec.num_heads == 0) throw InputError("harness_max_error: model " + model + " has no " + kind + " layer");
-  sh.model = model;
-  sh.kind = kind;
-  sh.phase = phase;
-  sh.B = 1;
-  sh.T = phase == "decode" ? 1 : new_tokens;
-  sh.C = context;
-  Pool pool(threads);
-  Env env;
-  prepare_env(pool, env, sh, new_tokens);
-  KernelChoice c = kernels_for(kernel_key(sh.spec, sh.kv, DType::BF16), backend, isa);
-  Runner fast(pool, sh, c.kernels.table, env, nullptr);
-  fast.run_once();
-  const int64_t n = sh.T * sh.spec.num_heads * sh.spec.head_dim;
-  std::vector<float> got(env.enc.f(), env.enc.f() + n);
-  fast.core_unsplit(ref::kernel_table(), sh.T);
-  double err = 0;
-  for (int64_t i = 0; i < n; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - env.enc.f()[i])));
-  return err;
-}
 
 void validate(const Options& o) {
   if (o.models.empty()) throw InputError("--model: empty list");
@@ -672,7 +335,7 @@ Result run_bench(Options o) {
   }
 
   res.peaks = measure_peaks(o.threads);
-  Pool pool(o.threads);
+  ThreadPool pool(o.threads);
 
   // Shapes, in execution order: per model and KV dtype, contexts ascending,
   // so one cache serves every phase and kind of a context and smaller shapes
@@ -776,76 +439,48 @@ Result run_bench(Options o) {
     return combos.emplace(id, std::move(c)).first->second;
   };
 
+  // A model's layer of each kind with random weights, packed once per
+  // weight dtype; every row's layer shares them (layer_for).
+  std::map<std::string, PreparedLayer> bases;
+  auto base_for = [&](const Shape& sh) -> const PreparedLayer& {
+    const std::string id = sh.model + "|" + to_string(sh.spec.kind) + "|" + to_string(o.weight_dtype);
+    auto it = bases.find(id);
+    if (it == bases.end()) it = bases.emplace(id, random_layer(sh.spec, o.weight_dtype)).first;
+    return it->second;
+  };
+
   // Per (backend, ISA, phase, tokens) the last measured GFLOP/s: predicts
   // larger shapes so hopeless ones are skipped before they run. A first row
-  // is predicted from a one-thread probe of the kernels on a tiny shape.
+  // is predicted from one single-threaded run of the same stage on a small
+  // shape (16 new tokens over 512 positions).
   std::map<std::string, double> rate;
   std::map<std::string, double> probe_rate;  // per thread, per backend|isa|key|stage
+  ThreadPool probe_pool(1);
   auto probe = [&](const Combo& c, const Shape& sh, const std::string& stage) -> double {
     std::string id = c.backend + "|" + c.isa + "|" + c.choice.kernels.isa + "|" + sh.model + "|" + sh.kind + "|" +
                      sh.kv_label + "|" + stage;
     auto it = probe_rate.find(id);
     if (it != probe_rate.end()) return it->second;
-    const LayerSpec& s = sh.spec;
-    const int64_t H = s.head_dim, G = s.num_heads / s.num_kv_heads;
-    double flops = 0, secs = 0;
-    if (stage == "core") {
-      const int64_t T = 16, S = 512;
-      Buf q = Buf::make(size_t(T * G * H) * 4), o = Buf::make(size_t(T * G * H) * 4);
-      Buf kk = Buf::make(size_t(S * H) * 4), vv = Buf::make(size_t(S * H) * 4);
-      fill_random(pool, q.f(), T * G * H, DType::F32, s.alpha, 7);
-      fill_random(pool, kk.u(), S * H, sh.kv, 1.f, 8);
-      fill_random(pool, vv.u(), S * H, sh.kv, 1.f, 9);
-      std::vector<int32_t> qp(T), kp(S);
-      std::vector<uint8_t> valid(S, 1);
-      for (int64_t t = 0; t < T; ++t) qp[size_t(t)] = int32_t(S - T + t);
-      for (int64_t i = 0; i < S; ++i) kp[size_t(i)] = int32_t(i);
-      g3_core_args a{};
-      a.T = T;
-      a.q = q.f();
-      a.q_stride = G * H;
-      a.qpos = qp.data();
-      a.k = kk.u();
-      a.v = vv.u();
-      a.S = S;
-      a.kpos = kp.data();
-      a.kvalid = valid.data();
-      a.out = o.f();
-      a.out_stride = G * H;
-      a.head_dim = int32_t(H);
-      a.group = int32_t(G);
-      a.window = 0;
-      a.kv_dtype = contract_dtype(sh.kv);
-      c.choice.kernels.table.core(&a);  // warm-up (JIT first touch, caches)
-      Clock::time_point t0 = Clock::now();
-      c.choice.kernels.table.core(&a);
-      secs = seconds_since(t0);
-      flops = 4.0 * H * G * visible_pairs(T, S, 0);
-    } else {
-      const int64_t M = 16, K = s.hidden_size, Ncols = 2 * G3_PANEL;
-      WeightMatrix wm;
-      wm.dtype = o.weight_dtype;
-      wm.rows = Ncols;
-      wm.cols = K;
-      if (wm.dtype == DType::F32) wm.f32.assign(size_t(Ncols * K), 0.01f);
-      else wm.bf16.assign(size_t(Ncols * K), f32_to_bf16(0.01f));
-      PackedWeights pw = pack_weights(wm);
-      Buf a = Buf::make(size_t(M * K) * 4), cc = Buf::make(size_t(M * Ncols) * 4);
-      fill_random(pool, a.f(), M * K, DType::F32, 1.f, 10);
-      g3_gemm_args g = pw.args(a.f(), M, K, cc.f(), Ncols, 0, Ncols);
-      c.choice.kernels.table.gemm(&g);
-      Clock::time_point t0 = Clock::now();
-      c.choice.kernels.table.gemm(&g);
-      secs = seconds_since(t0);
-      flops = 2.0 * M * K * Ncols;
-    }
-    double r = flops / std::max(secs, 1e-9);
+    Shape small = sh;
+    small.B = 1;
+    small.T = 16;
+    small.C = stage == "core" ? 512 : 0;
+    small.phase = stage == "core" ? "prefill" : "projections";
+    const PreparedLayer L = layer_for(base_for(sh), small, c);
+    Env e;
+    prepare_env(probe_pool, e, small, L, small.T);
+    run_once(probe_pool, small, L, e);  // warm-up (JIT first touch, caches)
+    Clock::time_point t0 = Clock::now();
+    run_once(probe_pool, small, L, e);
+    const double secs = seconds_since(t0);
+    const double flops = stage == "core" ? 4.0 * sh.spec.head_dim * sh.spec.num_heads * visible_pairs(16, 512, 0)
+                                         : projection_flops(sh.spec, 16);
+    const double r = flops / std::max(secs, 1e-9);
     probe_rate[id] = r;
     return r;
   };
 
   Env env;
-  std::map<std::string, Weights> weights;  // per model and weight dtype
   std::set<std::string> done_rows;
   // How many rows will be attempted, for the progress lines.
   const size_t total = shapes.size() * o.backends.size() * isas.size();
@@ -853,15 +488,6 @@ Result run_bench(Options o) {
 
   for (const Shape& sh : shapes) {
     const KernelKey key = kernel_key(sh.spec, sh.kv, o.weight_dtype);
-    const int64_t T_env = std::max<int64_t>(o.new_tokens, 1);
-    const Weights* w = nullptr;
-    if (sh.phase == "block" || sh.phase == "projections") {
-      std::string wid = sh.model + "|" + to_string(o.weight_dtype);
-      auto it = weights.find(wid);
-      if (it == weights.end()) it = weights.emplace(wid, make_weights(pool, sh.spec, o.weight_dtype)).first;
-      w = &it->second;
-    }
-    bool env_ready = false;
     for (const auto& backend : o.backends)
       for (const auto& isa : isas) {
         ++attempt;
@@ -895,17 +521,14 @@ Result run_bench(Options o) {
                     fmt("%.1f", kRunBudgetSeconds) + " s)");
           continue;
         }
-        if (!env_ready) {
-          prepare_env(pool, env, sh, T_env);
-          env_ready = true;
-        }
-        Runner runner(pool, sh, c.choice.kernels.table, env, w);
-        runner.run_once();  // warm-up: JIT first calls, page faults, caches
+        const PreparedLayer L = layer_for(base_for(sh), sh, c);
+        prepare_env(pool, env, sh, L, o.new_tokens);
+        run_once(pool, sh, L, env);  // warm-up: JIT first calls, page faults, caches
         std::vector<double> ms;
         Clock::time_point row_start = Clock::now();
         for (int r = 0; r < repeat; ++r) {
           Clock::time_point t0 = Clock::now();
-          runner.run_once();
+          run_once(pool, sh, L, env);
           ms.push_back(seconds_since(t0) * 1e3);
           if (!fixed_repeat && seconds_since(row_start) > kRowSeconds) break;
           if (!fixed_repeat && default_contexts && seconds_since(t_start) > kDefaultRunSeconds) {

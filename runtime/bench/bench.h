@@ -1,8 +1,9 @@
 // The per-ISA, per-backend bench harness behind `g3attn bench`: it builds the
-// shapes asked for, resolves each backend's kernel table for each ISA through
-// the kernel registry, calls the kernels on its own threads and returns one
-// row per (backend, ISA, model, layer kind, phase, context, KV dtype), next to
-// this machine's peaks measured in the same run.
+// shapes asked for, prepares each model's layer with each backend's kernels
+// for each ISA, times the runtime's own stage calls on the runtime's KV
+// caches and thread pool (bench.cc), and returns one row per (backend, ISA,
+// model, layer kind, phase, context, KV dtype), next to this machine's peaks
+// measured in the same run.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -85,15 +86,6 @@ struct Result {
   std::vector<std::string> isas_runnable, isas_compiled, backends_built;
   double seconds = 0;              // wall time of the whole run
 };
-
-// For tests: runs the core of one shape (batch 1, f32 KV, phase prefill or
-// decode) through the bench's own splitting - query tiles, key ranges cut
-// to the causal end and the window, decode KV chunks merged by their lse -
-// on `backend`/`isa` with `threads` threads, and returns the largest
-// absolute difference from one unsplit reference call per KV head.
-double harness_max_error(const std::string& model, const std::string& kind, const std::string& phase,
-                         int64_t context, int64_t new_tokens, int threads, const std::string& backend,
-                         const std::string& isa);
 
 // Validates what the options can be checked for before anything runs
 // (InputError with one line), then measures the peaks and every row.

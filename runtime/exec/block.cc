@@ -41,6 +41,14 @@ PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType 
   return L;
 }
 
+PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std::string& backend,
+                           const std::string& isa) {
+  PreparedLayer L = base;  // PackedWeights share their storage
+  L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype);
+  L.kernels = kernels_for(L.key, backend, isa);
+  return L;
+}
+
 void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* positions, const int32_t* key_real,
                        int64_t B, int64_t T, float* block_out, float* attn_out) {
   const LayerSpec& s = L.spec;
@@ -153,75 +161,37 @@ void parallel_gemm(ThreadPool& pool, const g3_kernel_table& k, const PackedWeigh
 
 }  // namespace
 
-void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
-                      const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
-                      const BlockSplit& sp) {
+void reserve_scratch(const PreparedLayer& L, int64_t R, BlockScratch& S) {
   const LayerSpec& s = L.spec;
-  const g3_kernel_table& k = L.kernels.kernels.table;
-  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
-  const int64_t QKV = (N + 2 * K) * H, R = B * T;
-  const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
-  const size_t esz = cache.element_size();
-  const int64_t cap = cache.capacity();
-  if (B != cache.batch()) throw InputError("block: batch " + std::to_string(B) + " does not match the cache's " +
-                                           std::to_string(cache.batch()));
-  if (T < 1) return;
-
+  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
   grow(S.u, size_t(R * D));
-  grow(S.qkv, size_t(R * QKV));
+  grow(S.qkv, size_t(R * (N + 2 * K) * H));
   grow(S.q, size_t(R * N * H));
   grow(S.enc, size_t(R * N * H));
   grow(S.a, size_t(R * D));
   grow(S.slot, size_t(R));
+}
 
-  // Slots first (serial, cheap), before any kernel runs: every row is checked
-  // before any row takes a slot, so a refused call leaves the cache as it
-  // was; then each real token gets the slot its K/V goes to.
-  for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
-  for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
+void run_qkv_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
+  const LayerSpec& s = L.spec;
+  const int64_t D = s.hidden_size, QKV = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
+  parallel_gemm(pool, L.kernels.kernels.table, L.wqkv, S.u.data(), R, D, S.qkv.data(), QKV, sp);
+}
 
-  // Step 1: pre-norm (SPEC 1.2 / 2.1).
-  const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;
-  pool.parallel_for(ntb, [&](int64_t i) {
-    const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
-    k.rmsnorm(x + r0 * D, r1 - r0, D, D, L.input_norm.data(), s.rms_eps, nullptr, S.u.data() + r0 * D, D);
-  });
-  // Step A: the fused q/k/v projection.
-  parallel_gemm(pool, k, L.wqkv, S.u.data(), R, D, S.qkv.data(), QKV, sp);
+void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
+  const LayerSpec& s = L.spec;
+  parallel_gemm(pool, L.kernels.kernels.table, L.wo, S.enc.data(), R, int64_t(s.num_heads) * s.head_dim, S.a.data(),
+                s.hidden_size, sp);
+}
 
-  // Steps B-D: QK-norm, RoPE, alpha, cache write; tokens of a row are
-  // independent and their slots distinct, so token blocks run in parallel.
-  const int64_t tblocks = (T + tb - 1) / tb;
-  pool.parallel_for(B * tblocks, [&](int64_t i) {
-    const int64_t b = i / tblocks, t0 = (i % tblocks) * tb, t1 = std::min(T, t0 + tb);
-    const int64_t r0 = b * T + t0;
-    g3_qk_args qa{};
-    qa.T = t1 - t0;
-    qa.num_heads = int32_t(N);
-    qa.num_kv_heads = int32_t(K);
-    qa.q = S.qkv.data() + r0 * QKV;
-    qa.q_stride = QKV;
-    qa.k = qa.q + N * H;
-    qa.v = qa.q + (N + K) * H;
-    qa.kv_stride = QKV;
-    qa.pos = positions + r0;
-    qa.q_norm = L.q_norm.data();
-    qa.k_norm = L.k_norm.data();
-    qa.q_out = S.q.data() + r0 * N * H;
-    qa.q_out_stride = N * H;
-    qa.k_cache = cache.k(b);
-    qa.v_cache = cache.v(b);
-    qa.cache_head_stride = cap;
-    qa.slot = S.slot.data() + r0;
-    qa.head_dim = int32_t(H);
-    qa.kv_dtype = kvd;
-    qa.alpha = s.alpha;
-    qa.eps = s.rms_eps;
-    qa.rope_base = s.rope_base;
-    qa.rope_scale = s.rope_scale;
-    k.qk(&qa);
-  });
-
+void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const int32_t* positions, int64_t B,
+                        int64_t T, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
+  const LayerSpec& s = L.spec;
+  const g3_kernel_table& k = L.kernels.kernels.table;
+  const int64_t H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
+  const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
+  const size_t esz = cache.element_size();
+  const int64_t cap = cache.capacity();
   // Steps E-I: the attention core for each KV head and its G query heads.
   auto core_args = [&](int64_t b, int64_t j, int64_t t0, int64_t t1, int64_t s0, int64_t s1, float* out,
                        int64_t out_stride, float* lse) {
@@ -323,8 +293,75 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
     });
   }
 
-  // Step J: output projection; steps 3-4: post-norm and the residual.
-  parallel_gemm(pool, k, L.wo, S.enc.data(), R, N * H, S.a.data(), D, sp);
+}
+
+void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
+                      const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
+                      const BlockSplit& sp) {
+  const LayerSpec& s = L.spec;
+  const g3_kernel_table& k = L.kernels.kernels.table;
+  const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
+  const int64_t QKV = (N + 2 * K) * H, R = B * T;
+  const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
+  const int64_t cap = cache.capacity();
+  if (B != cache.batch()) throw InputError("block: batch " + std::to_string(B) + " does not match the cache's " +
+                                           std::to_string(cache.batch()));
+  if (T < 1) return;
+
+  reserve_scratch(L, R, S);
+
+  // Slots first (serial, cheap), before any kernel runs: every row is checked
+  // before any row takes a slot, so a refused call leaves the cache as it
+  // was; then each real token gets the slot its K/V goes to.
+  for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
+  for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
+
+  // Step 1: pre-norm (SPEC 1.2 / 2.1).
+  const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;
+  pool.parallel_for(ntb, [&](int64_t i) {
+    const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
+    k.rmsnorm(x + r0 * D, r1 - r0, D, D, L.input_norm.data(), s.rms_eps, nullptr, S.u.data() + r0 * D, D);
+  });
+  // Step A: the fused q/k/v projection.
+  run_qkv_projection(L, R, pool, S, sp);
+
+  // Steps B-D: QK-norm, RoPE, alpha, cache write; tokens of a row are
+  // independent and their slots distinct, so token blocks run in parallel.
+  const int64_t tblocks = (T + tb - 1) / tb;
+  pool.parallel_for(B * tblocks, [&](int64_t i) {
+    const int64_t b = i / tblocks, t0 = (i % tblocks) * tb, t1 = std::min(T, t0 + tb);
+    const int64_t r0 = b * T + t0;
+    g3_qk_args qa{};
+    qa.T = t1 - t0;
+    qa.num_heads = int32_t(N);
+    qa.num_kv_heads = int32_t(K);
+    qa.q = S.qkv.data() + r0 * QKV;
+    qa.q_stride = QKV;
+    qa.k = qa.q + N * H;
+    qa.v = qa.q + (N + K) * H;
+    qa.kv_stride = QKV;
+    qa.pos = positions + r0;
+    qa.q_norm = L.q_norm.data();
+    qa.k_norm = L.k_norm.data();
+    qa.q_out = S.q.data() + r0 * N * H;
+    qa.q_out_stride = N * H;
+    qa.k_cache = cache.k(b);
+    qa.v_cache = cache.v(b);
+    qa.cache_head_stride = cap;
+    qa.slot = S.slot.data() + r0;
+    qa.head_dim = int32_t(H);
+    qa.kv_dtype = kvd;
+    qa.alpha = s.alpha;
+    qa.eps = s.rms_eps;
+    qa.rope_base = s.rope_base;
+    qa.rope_scale = s.rope_scale;
+    k.qk(&qa);
+  });
+
+  // Steps E-I: the attention core; step J: the output projection; steps
+  // 3-4: post-norm and the residual.
+  run_attention_core(L, cache, positions, B, T, pool, S, sp);
+  run_out_projection(L, R, pool, S, sp);
   pool.parallel_for(ntb, [&](int64_t i) {
     const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
     k.rmsnorm(S.a.data() + r0 * D, r1 - r0, D, D, L.post_norm.data(), s.rms_eps, x + r0 * D, y + r0 * D, D);

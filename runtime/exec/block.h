@@ -66,4 +66,26 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& scratch,
                       const BlockSplit& split = {});
 
+// The stages of run_block_cached that `g3attn bench` times on their own
+// (its prefill, decode and projections rows), exactly as the block runs them.
+// Sizes the scratch for a call of R = B * T rows.
+void reserve_scratch(const PreparedLayer& L, int64_t R, BlockScratch& scratch);
+// Step A: scratch.u [R][D] -> scratch.qkv [R][(N + 2 Nkv) dh].
+void run_qkv_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& scratch,
+                        const BlockSplit& split = {});
+// Step J: scratch.enc [R][N dh] -> scratch.a [R][D].
+void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& scratch,
+                        const BlockSplit& split = {});
+// Steps E-I once the call's K/V are in `cache` and its alpha-scaled queries
+// in scratch.q [B][T][N][dh]: scratch.enc [B][T][N][dh]. Query tiles per KV
+// head; short calls (decode) split long caches into chunks merged by their
+// log-sum-exp.
+void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const int32_t* positions, int64_t B,
+                        int64_t T, ThreadPool& pool, BlockScratch& scratch, const BlockSplit& split = {});
+
+// The same layer with the kernels of another KV dtype, backend or ISA; the
+// packed weights are shared, not copied.
+PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std::string& backend,
+                           const std::string& isa);
+
 }  // namespace g3

@@ -283,19 +283,3 @@ TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
   CHECK(count_lines(r.err) == 1);
   CHECK(r.err.find("rows") != std::string::npos);
 }
-
-TEST_CASE("the bench's thread splitting computes the same attention as one unsplit call", "[bench]") {
-  // Query tiles and key ranges (prefill) and KV chunks merged by lse
-  // (decode) on 1, 2 and 3 threads; the reference backend makes the
-  // comparison exact up to float rounding of the merge.
-  for (int threads : {1, 2, 3})
-    for (const char* kind : {"local", "global"}) {
-      INFO(threads << " threads, " << kind);
-      // 1b: one KV head, window 512, so decode splits its range into chunks
-      // and a local prefill's tiles start inside the window.
-      CHECK(g3::bench::harness_max_error("1b", kind, "prefill", 700, 130, threads, "reference", "scalar") < 1e-5);
-      CHECK(g3::bench::harness_max_error("1b", kind, "decode", 2000, 1, threads, "reference", "scalar") < 1e-5);
-      // 4b: four KV heads, G = 2.
-      CHECK(g3::bench::harness_max_error("4b", kind, "decode", 1500, 1, threads, "reference", "scalar") < 1e-5);
-    }
-}

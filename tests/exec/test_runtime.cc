@@ -9,6 +9,7 @@
 #include <random>
 
 #include "generator/errors.h"
+#include "runtime/exec/block.h"
 #include "runtime/exec/model.h"
 #include "runtime/exec/run.h"
 #include "runtime/exec/thread_pool.h"
@@ -306,6 +307,97 @@ TEST_CASE("every backend of this build runs the stack like the reference stack",
       auto got = run(m, x, prompt, decode);
       INFO("backend " << backend << " Nkv " << kv_heads << " max diff " << max_abs(got, want));
       CHECK(max_abs(got, want) <= 1e-4);
+    }
+  }
+}
+
+TEST_CASE("the attention core stage equals one unsplit reference call per KV head", "[runtime][core]") {
+  // run_attention_core is what the cached block and `g3attn bench`'s prefill
+  // and decode rows run: query tiles, scans cut at the causal end, and long
+  // decodes split into KV chunks merged by their log-sum-exp. On the
+  // reference kernels, on 1, 2 and 3 threads, it must equal one call of
+  // ref::core over the whole cache per (row, KV head), up to the float
+  // rounding of the merge.
+  struct Case {
+    const char* model;
+    g3::LayerKind kind;
+    int64_t context, T;
+  };
+  const Case cases[] = {
+      // 1b: one KV head, window 512, so decode splits its range into chunks
+      // and a local prefill's tiles start inside the window (the ring wraps).
+      {"1b", g3::LayerKind::Local, 1300, 130}, {"1b", g3::LayerKind::Global, 700, 130},
+      {"1b", g3::LayerKind::Local, 2000, 1},   {"1b", g3::LayerKind::Global, 2000, 1},
+      // 4b: four KV heads, G = 2.
+      {"4b", g3::LayerKind::Local, 1500, 1},   {"4b", g3::LayerKind::Global, 1500, 1},
+  };
+  for (const Case& c : cases) {
+    g3::ModelConfig m = g3::builtin_model(c.model);
+    m.hidden_size = 64;  // the core does not depend on D
+    g3::LayerSpec spec;
+    for (const auto& s : g3::layer_specs(m))
+      if (s.kind == c.kind) {
+        spec = s;
+        break;
+      }
+    const int64_t B = 2, T = c.T, H = spec.head_dim, N = spec.num_heads, K = spec.num_kv_heads, G = N / K;
+    const g3::PreparedLayer L =
+        g3::prepare_layer(spec, g3::random_layer_weights(spec, 1, g3::DType::BF16), g3::DType::F32, "reference", "");
+    // A cache of `context` positions per row, appended in calls of at most
+    // 256 tokens (the ring is sized for that), with random K/V.
+    g3::LayerKvCache cache(spec, g3::DType::F32, B, c.context, 256);
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<float> kv = g3test::randn(size_t(2 * cache.capacity() * K * H), uint64_t(10 + b));
+      std::copy_n(kv.begin(), cache.capacity() * K * H, static_cast<float*>(cache.k(b)));
+      std::copy_n(kv.begin() + cache.capacity() * K * H, cache.capacity() * K * H, static_cast<float*>(cache.v(b)));
+    }
+    std::vector<int32_t> pos;
+    std::vector<int64_t> slot;
+    for (int64_t t0 = 0; t0 < c.context; t0 += 256) {
+      const int64_t n = std::min<int64_t>(256, c.context - t0);
+      pos.resize(size_t(n));
+      slot.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(t0 + i);
+      for (int64_t b = 0; b < B; ++b) cache.append(b, pos.data(), nullptr, n, slot.data());
+    }
+    std::vector<int32_t> qpos(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) qpos[size_t(i)] = int32_t(c.context - T + i % T);
+    std::vector<float> q = g3test::randn(size_t(B * T * N * H), 3);
+    for (float& x : q) x *= spec.alpha;
+
+    // The reference: one unsplit call per (row, KV head) over every slot.
+    std::vector<float> want(size_t(B * T * N * H));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < K; ++j) {
+        g3_core_args a{};
+        a.T = T;
+        a.q = q.data() + (b * T * N + j * G) * H;
+        a.q_stride = N * H;
+        a.qpos = qpos.data() + b * T;
+        a.k = static_cast<const float*>(cache.k(b)) + j * cache.capacity() * H;
+        a.v = static_cast<const float*>(cache.v(b)) + j * cache.capacity() * H;
+        a.S = cache.capacity();
+        a.kpos = cache.kpos(b);
+        a.kvalid = cache.kvalid(b);
+        a.out = want.data() + (b * T * N + j * G) * H;
+        a.out_stride = N * H;
+        a.head_dim = int32_t(H);
+        a.group = int32_t(G);
+        a.window = spec.window;
+        a.kv_dtype = G3_DTYPE_F32;
+        g3::ref::core(&a);
+      }
+    for (int threads : {1, 2, 3}) {
+      g3::ThreadPool pool(threads);
+      g3::BlockScratch S;
+      g3::reserve_scratch(L, B * T, S);
+      std::copy(q.begin(), q.end(), S.q.begin());
+      g3::run_attention_core(L, cache, qpos.data(), B, T, pool, S);
+      double err = 0;
+      for (size_t i = 0; i < want.size(); ++i) err = std::max(err, double(std::fabs(S.enc[i] - want[i])));
+      INFO(c.model << " " << g3::to_string(c.kind) << " context " << c.context << " T " << T << ", " << threads
+                   << " threads: max |diff| " << err);
+      CHECK(err < 1e-5);
     }
   }
 }
