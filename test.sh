@@ -31,7 +31,7 @@ else
 fi
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-# ---- Reliability stages (issue 7; tests/fuzz/README.md) -----------------------
+# ---- Reliability stages (tests/fuzz/README.md) --------------------------------
 if ((quick)); then
   echo "test.sh: --quick: sanitizer and fuzz stages skipped"
   exit 0

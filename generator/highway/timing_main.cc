@@ -1,5 +1,5 @@
 // g3attn-hwy-timing: times the Highway attention core on one thread, side by
-// side on the same buffers, for the shapes the speed goals name:
+// side on the same buffers, for the 4B shapes where the core's speed matters:
 //   prefill: 4B global key (head_dim 256, G 2), T new tokens over S positions, f32 KV
 //   local:   4B local key (W 1024), T tokens at the end of S = 4096 and S = 32768
 //   decode:  4B global, T = 1 over S positions, bf16 KV (bytes streamed / s)

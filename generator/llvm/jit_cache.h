@@ -1,4 +1,4 @@
-// The on-disk cache of JIT-compiled objects (issue 5): bytes in, bytes out.
+// The on-disk cache of JIT-compiled objects: bytes in, bytes out.
 // It knows nothing of LLVM; the LLVM backend hands it the text that
 // identifies an object (kernel key, target CPU and features, LLVM version,
 // ISA cap, generator version) and the object's bytes.

@@ -2,12 +2,12 @@
 // (llvm_available, llvm_kernels): counters the CLI and tests observe, a
 // compile path with an explicit on-disk cache, and the generated assembly.
 //
-// How a kernel is made (llvm_jit.cc): IR for the key (llvm_ir.cc) -> the O3
-// pipeline for the target -> an object file -> the on-disk cache
-// (runtime/jit_cache.h) -> linked into the process-wide LLJIT, one JITDylib
-// per object. A later process with the same key, CPU, features, ISA cap,
-// LLVM version and generator version loads the object and links it without
-// compiling.
+// How a kernel is made (llvm_jit.cc): IR for the key (llvm_ir.cc) -> a short
+// function pass pipeline for the target (LLVM's O1-O3 under G3ATTN_LLVM_OPT)
+// -> an object file -> the on-disk cache (generator/llvm/jit_cache.h) ->
+// linked into the process-wide LLJIT, one JITDylib per object. A later
+// process with the same key, CPU, features, ISA cap, LLVM version and
+// generator version loads the object and links it without compiling.
 #pragma once
 #include <string>
 

@@ -2,8 +2,12 @@
 // IR (<VL x float>, llvm.fmuladd) with the head dimension, group size,
 // window, RoPE table, alpha and KV dtype as constants, and runtime loops only
 // where the trip count is a call argument (tokens, slots, heads). Loop-carried
-// values live in allocas; the O3 pipeline run before codegen (llvm_jit.cc)
-// promotes them to registers and unrolls the constant-count loops.
+// values live in allocas; the pass pipeline run before codegen (llvm_jit.cc:
+// by default SROA, EarlyCSE, InstCombine, SimplifyCFG and LICM, or LLVM's
+// O1-O3 under G3ATTN_LLVM_OPT) promotes them to registers. The default
+// pipeline does not unroll, so loops with a constant trip count stay loops;
+// the register blocking (rows x keys, rows x vectors of head_dim) is written
+// out here, in the IR itself.
 //
 // The attention core is a flash-attention loop per tile of query rows
 // (rows = tokens x the G query heads that share the KV head):
@@ -266,7 +270,7 @@ class Emitter {
 
 void Emitter::norm_rope_head(Value* x, Value* w, Value* eps, Value* cosb, Value* sinb, float scale, Value* dst,
                              Value* dst_idx, bool dst_is_kv) {
-  // Sum of squares with one vector accumulator per unrolled lane group.
+  // Sum of squares in one vector accumulator, a vector of the head at a time.
   Value* acc = alloca_(vt(VL), 1);
   b.CreateStore(splatf(VL, 0.f), acc);
   for_(c64(0), c64(NV), 1, [&](Value* c) {
@@ -437,9 +441,9 @@ void Emitter::emit_qk_tile(const CoreState& st, int R) {
 }
 
 // O[r] = O[r] * corr[r] + sum_j P[r][j] v_{s0+j}: RB rows x HB vectors of
-// head_dim per register block, the tile's TK slots unrolled. Invalid slots
-// may hold anything (unwritten cache memory, NaN included): their values are
-// zeroed by the validity bits, so p = 0 never meets a NaN.
+// head_dim per register block, held across a loop over the tile's TK slots.
+// Invalid slots may hold anything (unwritten cache memory, NaN included):
+// their values are zeroed by the validity bits, so p = 0 never meets a NaN.
 void Emitter::emit_pv_tile(const CoreState& st, int R) {
   const int TK = tiling_.tk, RB = largest_dividing(R, {4, 2, 1}), HB = largest_dividing(NV, {4, 2, 1});
   for_(c64(0), c64(R), RB, [&](Value* rb) {

@@ -1,8 +1,10 @@
 // The LLVM ORC side of the backend: one LLJIT per process (created on first
 // use, thread safe), a target machine per compile (they are not thread
-// safe, and creating one costs well under a millisecond), the O3 pipeline,
-// object emission, the on-disk object cache, and linking each object into
-// its own JITDylib so the same function names can be reused for every key.
+// safe, and creating one costs well under a millisecond), the pass pipeline
+// (a short function pipeline by default, LLVM's O1-O3 under G3ATTN_LLVM_OPT:
+// see opt_level), object emission, the on-disk object cache, and linking
+// each object into its own JITDylib so the same function names can be reused
+// for every key.
 #include <llvm/Analysis/CGSCCPassManager.h>
 #include <llvm/Analysis/LoopAnalysisManager.h>
 #include <llvm/Config/llvm-config.h>

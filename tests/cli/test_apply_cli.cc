@@ -1,5 +1,5 @@
 // `g3attn apply` end to end: a golden case through the command, and every
-// kind of bad input of the foundation issue: exit code 2, one line on
+// kind of bad input it must refuse: exit code 2, one line on
 // stderr naming the file, and no output file left behind.
 #include <catch2/catch.hpp>
 #include <cstring>

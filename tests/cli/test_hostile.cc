@@ -1,10 +1,10 @@
-// Hostile inputs across the g3attn commands (issue 7, item 3). Every case
+// Hostile inputs across the g3attn commands. Every case
 // starts from a writable copy of a golden case (or a built-in model), breaks
 // one thing, runs the real command and checks the promise of the CLI:
 // exit code 2, exactly one line on stderr, and no output file left behind.
 // Inputs that are legal but extreme (NaN, Inf, huge positions, negative
-// positions on padding) must finish with exit 0 and show what they do; the
-// closing note of issue 7 lists what each one does.
+// positions on padding) must finish with exit 0 and show what they do; each
+// such case says in its comment what the command does with the input.
 //
 // Every command runs under `timeout 300`, a hang guard only (so a hang fails
 // the test instead of stalling the suite; no test asserts how fast anything
@@ -518,8 +518,8 @@ TEST_CASE("hostile apply: positions", "[hostile][apply][positions]") {
     }
   }
   SECTION("positions near INT32_MAX on real tokens run and stay finite") {
-    // Beyond max_position_embeddings, but RoPE is defined for any position;
-    // the command accepts it (documented in the issue 7 closing note).
+    // Beyond max_position_embeddings, but RoPE is defined for any position,
+    // so the command accepts it, as README's apply section promises.
     ApplyCase c;
     g3::NpyArray p = g3::read_npy_i32(c.pos());
     for (size_t i = 0; i < p.i32.size(); ++i) p.i32[i] = std::numeric_limits<int32_t>::max() - 20 + static_cast<int32_t>(i % 12);
@@ -903,7 +903,7 @@ TEST_CASE("hostile generate: absurd configs and output paths", "[hostile][genera
 }
 
 // ---------------------------------------------------------------------------
-// bench (not in the issue's list, but it reads the same configs)
+// bench (it reads the same built-in configs as the commands above)
 // ---------------------------------------------------------------------------
 
 TEST_CASE("hostile bench: configs are not accepted, built-in models only", "[hostile][bench]") {
@@ -951,7 +951,8 @@ TEST_CASE("hostile flags: every command's error line names the command once", "[
       CHECK(count(r.err, "g3attn: ") == 0);
     }
   }
-  // The exact line of the example in issue 10.
+  // The whole line, byte for byte: the command, what is wrong and where the
+  // valid options are listed, as README's command reference promises.
   CmdResult r = g3test::run_g3attn({"plan", "--bogus"}, guard(c.cache.path));
   CHECK(r.err == "g3attn plan: unknown option --bogus (see g3attn plan --help)\n");
 }

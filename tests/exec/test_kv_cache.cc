@@ -323,9 +323,10 @@ TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][pl
 }
 
 // ---------------------------------------------------------------------------
-// All-or-nothing appends (issue 10, item 2). A refused call must leave every
-// cache exactly as it was, so that the same caches go on with good input and
-// give, bit for bit, what caches that never saw the refused call give.
+// All-or-nothing appends. A refused call must leave every cache exactly as it
+// was, so that the same caches go on with good input and give, bit for bit,
+// what caches that never saw the refused call give (README: "a refused call
+// changes nothing").
 
 namespace {
 
