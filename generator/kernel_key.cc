@@ -25,6 +25,7 @@ std::string KernelKey::str() const {
   s += window > 0 ? "local" + std::to_string(window) : std::string("global");
   s += "_b" + num(rope_base) + "_s" + num(rope_scale) + "_a" + num(alpha);
   s += std::string("_kv") + to_string(kv_dtype) + "_w" + to_string(weight_dtype);
+  if (compute == DType::BF16) s += "_cbf16";
   return s;
 }
 
@@ -42,7 +43,7 @@ std::string key_ident(const std::string& key) {
 
 std::string KernelKey::ident() const { return key_ident(str()); }
 
-KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights) {
+KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights, DType compute) {
   KernelKey k;
   k.head_dim = l.head_dim;
   k.group = l.group();
@@ -52,13 +53,14 @@ KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights) {
   k.alpha = l.alpha;
   k.kv_dtype = kv;
   k.weight_dtype = weights;
+  k.compute = compute;
   return k;
 }
 
-std::vector<KernelKey> distinct_keys(const ModelConfig& m, DType kv, DType weights) {
+std::vector<KernelKey> distinct_keys(const ModelConfig& m, DType kv, DType weights, DType compute) {
   std::vector<KernelKey> keys;
   for (const LayerSpec& l : layer_specs(m)) {
-    KernelKey k = kernel_key(l, kv, weights);
+    KernelKey k = kernel_key(l, kv, weights, compute);
     bool seen = false;
     for (const auto& e : keys) seen = seen || e == k;
     if (!seen) keys.push_back(k);

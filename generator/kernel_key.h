@@ -22,9 +22,15 @@ struct KernelKey {
   float alpha = 0;
   DType kv_dtype = DType::F32;
   DType weight_dtype = DType::BF16;
+  // The compute mode (README "Compute modes"): F32, or BF16, where the inputs
+  // of every dot product (normed activations, attention output, q, K, the
+  // softmax weights, V) are rounded to bf16 and products accumulate in f32;
+  // norms, RoPE, softmax and residuals stay f32.
+  DType compute = DType::F32;
 
   // Stable and readable, e.g. "dh256_g4_local512_b10000_s1_a0.0625_kvf32_wbf16"
-  // ("global" instead of "local<W>" on global layers). The numbers are
+  // ("global" instead of "local<W>" on global layers; "_cbf16" appended in
+  // the bf16 compute mode, so f32-mode keys read as they always did). The numbers are
   // printed with "%.9g": nine significant digits give back every float
   // exactly, so alpha round-trips, but rope base and scale are doubles, so
   // two of them that differ only past the ninth digit print alike. The
@@ -43,8 +49,8 @@ struct KernelKey {
 // becomes 'm', '+' is dropped and any other character becomes 'x'.
 std::string key_ident(const std::string& key);
 
-KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights);
+KernelKey kernel_key(const LayerSpec& l, DType kv, DType weights, DType compute = DType::F32);
 // Distinct keys of a model, in first-use order (local before global for Gemma 3).
-std::vector<KernelKey> distinct_keys(const ModelConfig& m, DType kv, DType weights);
+std::vector<KernelKey> distinct_keys(const ModelConfig& m, DType kv, DType weights, DType compute = DType::F32);
 
 }  // namespace g3

@@ -52,6 +52,13 @@ extern "C" {
 enum { G3_DTYPE_F32 = 0, G3_DTYPE_BF16 = 1 };
 /* g3_core_args::causal; zero-initialised arguments mean G3_CAUSAL_POSITIONS. */
 enum { G3_CAUSAL_POSITIONS = 0, G3_CAUSAL_SLOTS = 1 };
+/* The compute mode of a call (zero-initialised: f32). G3_COMPUTE_BF16: the
+ * inputs of every dot product are rounded to bf16 (nearest even) before
+ * their products, which accumulate in f32: in the core q and K for the
+ * logits, the softmax weights p and V for P.V (the softmax itself, its max
+ * and its sum l stay f32: out = sum_s bf16(p_s) bf16(v_s) / sum_s p_s); in a
+ * GEMM the activations a (the weights are bf16 in this mode). */
+enum { G3_COMPUTE_F32 = 0, G3_COMPUTE_BF16 = 1 };
 
 /* Packed projection weights: output columns are grouped in panels of
  * G3_PANEL. Panel p holds, for k = 0..K-1 in order, the G3_PANEL values
@@ -109,6 +116,7 @@ typedef struct g3_core_args {
   int32_t kv_dtype;
   int32_t causal;          /* G3_CAUSAL_POSITIONS or G3_CAUSAL_SLOTS (see the mask above) */
   int64_t causal_offset;   /* G3_CAUSAL_SLOTS: query t sees slots s <= t + causal_offset */
+  int32_t compute;         /* G3_COMPUTE_F32 or G3_COMPUTE_BF16 */
 } g3_core_args;
 
 /* Steps A and J: c[m][n] = sum_k a[m][k] * W[n][k] for m < M, n_begin <= n < n_end.
@@ -122,6 +130,7 @@ typedef struct g3_gemm_args {
   int64_t n_begin, n_end;
   float* c;                /* [M][N] with row stride ldc */
   int64_t ldc;
+  int32_t compute;         /* G3_COMPUTE_F32 or G3_COMPUTE_BF16 (a rounded to bf16) */
 } g3_gemm_args;
 
 typedef void (*g3_qk_fn)(const g3_qk_args*);

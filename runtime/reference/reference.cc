@@ -205,8 +205,15 @@ void qk(const g3_qk_args* a) {
   }
 }
 
+// The value a dot product sees in the given compute mode (kernel_contract.h):
+// itself in f32, rounded to bf16 (nearest even) in bf16.
+static double operand(double x, int32_t compute) {
+  return compute == G3_COMPUTE_BF16 ? double(bf16_to_f32(f32_to_bf16(float(x)))) : x;
+}
+
 void core(const g3_core_args* a) {
   const int64_t H = a->head_dim, G = a->group;
+  const int32_t cm = a->compute;
   std::vector<double> p(size_t(a->S));
   for (int64_t t = 0; t < a->T; ++t) {
     const g3_row_bounds rb = g3_bounds_of(a, t);
@@ -219,7 +226,8 @@ void core(const g3_core_args* a) {
         p[s] = -INFINITY;
         if (!visible) continue;
         double l = 0;
-        for (int64_t h = 0; h < H; ++h) l += double(q[h]) * load_kv(a->k, a->kv_dtype, s * H + h);
+        for (int64_t h = 0; h < H; ++h)
+          l += operand(q[h], cm) * operand(load_kv(a->k, a->kv_dtype, s * H + h), cm);
         p[s] = l;
         mx = std::max(mx, l);
       }
@@ -231,11 +239,12 @@ void core(const g3_core_args* a) {
       double sum = 0;
       for (int64_t s = 0; s < a->S; ++s) sum += (p[s] = p[s] == -INFINITY ? 0.0 : std::exp(p[s] - mx));
       // Hidden slots (p = 0 exactly) are never read: whatever they hold,
-      // NaN included, cannot reach the output.
+      // NaN included, cannot reach the output. In bf16 compute the weights
+      // and values are rounded for the product, the sum stays exact.
       for (int64_t h = 0; h < H; ++h) {
         double acc = 0;
         for (int64_t s = 0; s < a->S; ++s)
-          if (p[s] != 0) acc += p[s] * load_kv(a->v, a->kv_dtype, s * H + h);
+          if (p[s] != 0) acc += operand(p[s], cm) * operand(load_kv(a->v, a->kv_dtype, s * H + h), cm);
         o[h] = static_cast<float>(acc / sum);
       }
       if (a->lse) a->lse[t * G + g] = static_cast<float>(mx + std::log(sum));
@@ -249,7 +258,8 @@ void gemm(const g3_gemm_args* a) {
       const int64_t panel = n / G3_PANEL, j = n % G3_PANEL;
       double acc = 0;
       for (int64_t k = 0; k < a->K; ++k)
-        acc += double(a->a[m * a->lda + k]) * load_kv(a->w, a->w_dtype, (panel * a->K + k) * G3_PANEL + j);
+        acc += operand(a->a[m * a->lda + k], a->compute) *
+               operand(load_kv(a->w, a->w_dtype, (panel * a->K + k) * G3_PANEL + j), a->compute);
       a->c[m * a->ldc + n] = static_cast<float>(acc);
     }
 }
