@@ -50,7 +50,8 @@ const std::vector<std::string>& phase_names() {
 static std::string ctx_str(const std::optional<int64_t>& c) { return c ? std::to_string(*c) : "-"; }
 
 std::string Row::shape_id() const {
-  return model + "|" + kind + "|" + phase + "|" + kv_dtype + "|" + weight_dtype + "|" + std::to_string(batch) + "|" +
+  return model + "|" + kind + "|" + phase + "|" + kv_dtype + "|" + weight_dtype + "|" + compute + "|" +
+         std::to_string(batch) + "|" +
          std::to_string(new_tokens) + "|" + ctx_str(context);
 }
 std::string Row::label() const { return backend == "auto" ? "auto(" + route + ")" : backend; }
@@ -99,6 +100,7 @@ struct Shape {
   std::string kind;   // "local" | "global" | "any" (projections)
   std::string phase;  // prefill | decode | block | projections
   DType kv = DType::F32;
+  DType compute = DType::F32;
   std::string kv_label;
   int64_t B = 1, T = 1, C = 0;  // C = 0: no keys (projections)
   double core_flops = 0, proj_flops = 0, kv_bytes = 0;
@@ -129,8 +131,8 @@ int64_t window_start(int64_t qpos, int64_t window) {
 
 // A model's layer of one kind with random checkpoint-like weights (as `g3attn
 // run` draws them), packed once; every row's layer shares these weights.
-PreparedLayer random_layer(const LayerSpec& s, DType wd) {
-  return prepare_layer(s, random_layer_weights(s, 7, wd), DType::F32, "reference", "scalar");
+PreparedLayer random_layer(const LayerSpec& s, DType wd, DType compute) {
+  return prepare_layer(s, random_layer_weights(s, 7, wd), DType::F32, "reference", "scalar", compute);
 }
 
 // The runtime's state for one shape: the call's B x T tokens at positions
@@ -233,7 +235,7 @@ struct Combo {
 // The layer of a shape with a combo's kernels (the packed weights shared).
 PreparedLayer layer_for(const PreparedLayer& base, const Shape& sh, const Combo& c) {
   PreparedLayer L = base;
-  L.key = kernel_key(sh.spec, sh.kv, base.key.weight_dtype);
+  L.key = kernel_key(sh.spec, sh.kv, base.key.weight_dtype, sh.compute);
   L.kernels = c.choice;
   return L;
 }
@@ -354,7 +356,10 @@ Result run_bench(Options o) {
           kinds.push_back(s);
           break;
         }
-    for (size_t kvi = 0; kvi < o.kv_dtypes.size(); ++kvi) {
+    // Every compute mode x KV dtype.
+    for (size_t ci = 0; ci < o.computes.size() * o.kv_dtypes.size(); ++ci) {
+      const size_t kvi = ci % o.kv_dtypes.size();
+      const DType compute = o.computes[ci / o.kv_dtypes.size()];
       DType kv = o.kv_dtypes[kvi];
       auto base = [&](const LayerSpec& s, const std::string& phase, int64_t T, int64_t C) {
         Shape sh;
@@ -363,14 +368,16 @@ Result run_bench(Options o) {
         sh.kind = to_string(s.kind);
         sh.phase = phase;
         sh.kv = kv;
+        sh.compute = compute;
         sh.kv_label = to_string(kv);
         sh.B = o.batch;
         sh.T = T;
         sh.C = C;
         return sh;
       };
-      // Projections do not touch keys: one row per token count, for the
-      // first KV dtype only, labelled kind "any" and KV dtype "any".
+      // Projections do not touch keys: one row per token count and compute
+      // mode, for the first KV dtype only, labelled kind "any" and KV dtype
+      // "any".
       if (has_phase("projections") && kvi == 0) {
         const int64_t toks[2] = {o.new_tokens, 1};
         for (int i = 0; i < (o.new_tokens != 1 ? 2 : 1); ++i) {
@@ -443,9 +450,10 @@ Result run_bench(Options o) {
   // weight dtype; every row's layer shares them (layer_for).
   std::map<std::string, PreparedLayer> bases;
   auto base_for = [&](const Shape& sh) -> const PreparedLayer& {
-    const std::string id = sh.model + "|" + to_string(sh.spec.kind) + "|" + to_string(o.weight_dtype);
+    const std::string id =
+        sh.model + "|" + to_string(sh.spec.kind) + "|" + to_string(o.weight_dtype) + "|" + to_string(sh.compute);
     auto it = bases.find(id);
-    if (it == bases.end()) it = bases.emplace(id, random_layer(sh.spec, o.weight_dtype)).first;
+    if (it == bases.end()) it = bases.emplace(id, random_layer(sh.spec, o.weight_dtype, sh.compute)).first;
     return it->second;
   };
 
@@ -487,7 +495,8 @@ Result run_bench(Options o) {
   size_t attempt = 0;
 
   for (const Shape& sh : shapes) {
-    const KernelKey key = kernel_key(sh.spec, sh.kv, o.weight_dtype);
+    const KernelKey key =
+        kernel_key(sh.spec, sh.kv, sh.compute == DType::BF16 ? DType::BF16 : o.weight_dtype, sh.compute);
     for (const auto& backend : o.backends)
       for (const auto& isa : isas) {
         ++attempt;
@@ -496,7 +505,8 @@ Result run_bench(Options o) {
         // The same code under another requested ISA (the reference ignores
         // the ISA; a JIT may cap lower): measure it once.
         const std::string row_key = backend + "|" + c.isa + "|" + sh.model + "|" + sh.kind + "|" + sh.phase + "|" +
-                                    sh.kv_label + "|" + std::to_string(sh.T) + "|" + std::to_string(sh.C);
+                                    sh.kv_label + "|" + to_string(sh.compute) + "|" + std::to_string(sh.T) + "|" +
+                                    std::to_string(sh.C);
         if (done_rows.count(row_key)) {
           if (backend == "reference")
             notes.add("backend reference runs the same scalar code whatever the ISA: measured once, as scalar");
@@ -546,7 +556,10 @@ Result run_bench(Options o) {
         row.kind = sh.kind;
         row.phase = sh.phase;
         row.kv_dtype = sh.kv_label;
-        row.weight_dtype = (sh.phase == "block" || sh.phase == "projections") ? to_string(o.weight_dtype) : "any";
+        row.compute = to_string(sh.compute);
+        row.weight_dtype = (sh.phase == "block" || sh.phase == "projections")
+                               ? to_string(sh.compute == DType::BF16 ? DType::BF16 : o.weight_dtype)
+                               : "any";
         row.batch = int(sh.B);
         row.new_tokens = sh.T;
         if (sh.C > 0) row.context = sh.C;

@@ -45,12 +45,14 @@ struct Options {
   int threads = 0;                // 0: every core
   int repeat = 0;                 // 0: kDefaultRepeat, shortened by kRowSeconds
   std::vector<DType> kv_dtypes = {DType::F32};
+  std::vector<DType> computes = {DType::F32};     // compute modes (kernel_key.h)
   DType weight_dtype = DType::BF16;
   bool progress = false;          // one line per row on stderr while running
 };
 
 struct Row {
   std::string backend, isa, model, kind, phase, kv_dtype, weight_dtype;
+  std::string compute = "f32";  // the compute mode
   // The backend that ran the attention core: equal to `backend`, except for
   // backend "auto", whose route is the backend the auto rule chose for this
   // row's kernel key and ISA.

@@ -54,6 +54,7 @@ int cmd_apply(int argc, char** argv, int first) {
   r.backend = a.str("backend", "auto");
   r.isa = a.str("isa");
   r.kv_dtype = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
+  r.compute = parse_dtype(a.str("compute", "f32"), "--compute");
   if (a.has("attn-out") && a.str("attn-out") == a.str("out")) throw InputError("--out and --attn-out name the same file");
 
   ApplyResult res = run_apply(r);

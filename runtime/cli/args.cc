@@ -102,6 +102,8 @@ std::vector<Option> common_kernel_options() {
       {"isa", Arity::Value, "NAME",
        "scalar|ssse3|sse4|avx2|avx3|avx3_dl|best; caps JIT code too (default $G3ATTN_ISA, else best)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16 (default f32)"},
+      {"compute", Arity::Value, "MODE",
+       "f32|bf16: bf16 rounds the inputs of every dot product to bf16 (default f32; see `g3attn --help`)"},
   };
 }
 

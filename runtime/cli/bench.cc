@@ -67,6 +67,8 @@ std::vector<Option> bench_options() {
            ", fewer - at least 1 - once a row's runs pass " + secs(bench::kRowSeconds) +
            " s; an explicit N is always honoured)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16|all (default f32)"},
+      {"compute", Arity::Value, "MODE",
+       "compute modes f32|bf16|all: rows per mode (default f32; see `g3attn --help`)"},
       {"weight-dtype", Arity::Value, "T", "projection weight type f32|bf16 (default bf16)"},
       {"json", Arity::OptionalValue, "FILE", "JSON instead of the table on stdout, or the table plus FILE"},
       {"csv", Arity::Value, "FILE", "the rows as CSV"},
@@ -80,7 +82,8 @@ const char* kHelpHead =
     "Usage: g3attn bench [--model 1b,4b,...] [--isa all|LIST] [--backend all|LIST]\n"
     "                    [--phase prefill|decode|block|projections|all] [--new-tokens N]\n"
     "                    [--context 4096,32768,...] [--batch B] [--threads N] [--repeat N]\n"
-    "                    [--kv-dtype f32|bf16|all] [--weight-dtype f32|bf16] [--json [FILE]]\n"
+    "                    [--kv-dtype f32|bf16|all] [--compute f32|bf16|all] [--weight-dtype f32|bf16]\n"
+    "                    [--json [FILE]]\n"
     "                    [--csv FILE] [--svg FILE] [--compare OLD.json] [--threshold PCT]\n\n"
     "Measures this machine's peaks first (fp32 FMA GFLOP/s, bf16 vdpbf16ps GFLOP/s where the CPU has\n"
     "AVX512_BF16, DRAM read GB/s; for the thread count used), then one row per backend x ISA x model x\n"
@@ -196,6 +199,9 @@ int cmd_bench(int argc, char** argv, int first) {
   if (kv == "all") o.kv_dtypes = {DType::F32, DType::BF16};
   else o.kv_dtypes = {parse_dtype(kv, "--kv-dtype")};
   o.weight_dtype = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+  const std::string cm = a.str("compute", "f32");
+  if (cm == "all") o.computes = {DType::F32, DType::BF16};
+  else o.computes = {parse_dtype(cm, "--compute")};
   double threshold = 10;
   if (a.has("threshold")) {
     const std::string t = a.str("threshold");

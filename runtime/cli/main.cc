@@ -26,8 +26,13 @@ Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   Rapids. Stages xbyak does not provide (QK-norm/RoPE, projections, norms) run on
   highway. An unavailable llvm or xbyak request falls back to highway and `plan`
   shows why.
+Compute mode (--compute f32|bf16, default f32): bf16 rounds the inputs of every dot
+  product to bf16 (nearest even) and accumulates in f32: the normed activations and
+  weights of the projections, q and K for the logits, the softmax weights and V, the
+  attention output before o_proj. RMSNorm, RoPE, softmax and residuals stay f32. It is
+  part of the kernel key; README "Compute modes" gives its measured accuracy.
 KV dtype (--kv-dtype f32|bf16): bf16 stores K and V rounded once to bf16 (nearest
-  even); queries and softmax weights stay f32 on every backend.
+  even); in the f32 compute mode queries and softmax weights stay f32 on every backend.
 ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
   avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
 

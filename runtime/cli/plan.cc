@@ -46,6 +46,9 @@ int cmd_plan(int argc, char** argv, int first) {
   std::string isa = isa_from_flag(a.str("isa"));
   DType kv = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
   DType wt = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+  const DType compute = parse_dtype(a.str("compute", "f32"), "--compute");
+  // bf16 compute runs on bf16 weights whatever the checkpoint holds.
+  if (compute == DType::BF16) wt = DType::BF16;
   const int64_t context = a.integer("context", m.max_position_embeddings, 1, 1ll << 31);
   const int64_t batch = a.integer("batch", 1, 1, 1 << 20);
   const int64_t chunk = a.integer("chunk", 1, 1, 1ll << 31);
@@ -56,7 +59,7 @@ int cmd_plan(int argc, char** argv, int first) {
   std::vector<std::vector<std::string>> table = {
       {"layer", "kind", "window", "rope_base", "rope_scale", "alpha", "N", "Nkv", "head_dim", "key", "backend", "isa"}};
   for (const LayerSpec& l : layer_specs(m)) {
-    KernelKey key = kernel_key(l, kv, wt);
+    KernelKey key = kernel_key(l, kv, wt, compute);
     auto it = choices.find(key.str());
     if (it == choices.end()) it = choices.emplace(key.str(), kernels_for(key, backend, isa)).first;
     const KernelChoice& c = it->second;
@@ -71,6 +74,7 @@ int cmd_plan(int argc, char** argv, int first) {
     j["num_kv_heads"] = l.num_kv_heads;
     j["head_dim"] = l.head_dim;
     j["key"] = key.str();
+    j["compute"] = to_string(compute);
     j["backend"] = c.backend;
     j["isa"] = c.kernels.isa;
     j["specialised"] = c.kernels.specialised;

@@ -53,7 +53,7 @@ int cmd_run(int argc, char** argv, int first) {
   if (a.help()) {
     std::cout << "Usage: g3attn run [--model 1b] [--config C --weights FILE|DIR] [--prompt 2048] [--decode 32]\n"
                  "                  [--chunk 512] [--batch 1] [--threads N] [--backend B] [--isa I]\n"
-                 "                  [--kv-dtype f32|bf16] [--seed S] [--verify] [--json [FILE]]\n"
+                 "                  [--kv-dtype f32|bf16] [--compute f32|bf16] [--seed S] [--verify] [--json [FILE]]\n"
                  "Runs the attention stack only (pre-norm, attention, post-norm, residual of every layer;\n"
                  "the MLPs, embeddings and logits are not part of it) on N(0,1) inputs: the prompt in\n"
                  "chunks, then decode steps, the hidden state flowing from layer to layer. Each layer is\n"
@@ -80,6 +80,7 @@ int cmd_run(int argc, char** argv, int first) {
   r.backend = a.str("backend", "auto");
   r.isa = a.str("isa");
   r.kv_dtype = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
+  r.compute = parse_dtype(a.str("compute", "f32"), "--compute");
   r.verify = a.has("verify");
 
   const bool tty = isatty(STDERR_FILENO);
@@ -133,9 +134,9 @@ int cmd_run(int argc, char** argv, int first) {
     std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
                 res.config.name.c_str(), res.config.hidden_size, res.config.num_layers,
                 res.config.num_layers - nglobal, nglobal);
-    std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, %d threads, isa %s\n", (long long)r.batch,
-                (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
-                to_string(r.kv_dtype), res.threads, res.isa.c_str());
+    std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, compute %s, %d threads, isa %s\n",
+                (long long)r.batch, (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
+                to_string(r.kv_dtype), to_string(r.compute), res.threads, res.isa.c_str());
     std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
     for (const auto& [k, rt] : routes)
       table.push_back({k, rt.kind, std::to_string(rt.layers.size()),
@@ -167,6 +168,7 @@ int cmd_run(int argc, char** argv, int first) {
     j["threads"] = res.threads;
     j["isa"] = res.isa;
     j["kv_dtype"] = to_string(r.kv_dtype);
+    j["compute"] = to_string(r.compute);
     j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
     j["prefill_s"] = res.prefill_s;
     j["decode_ms_per_token"] = res.decode_ms_per_token;

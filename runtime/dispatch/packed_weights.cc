@@ -26,12 +26,14 @@ g3_gemm_args PackedWeights::args(const float* a, int64_t M, int64_t lda, float* 
   g.n_end = n1;
   g.c = c;
   g.ldc = ldc;
+  g.compute = compute == DType::BF16 ? G3_COMPUTE_BF16 : G3_COMPUTE_F32;
   return g;
 }
 
-PackedWeights pack_weights(const WeightMatrix& w) {
+PackedWeights pack_weights(const WeightMatrix& w, DType compute) {
   PackedWeights p;
-  p.dtype = w.dtype;
+  p.dtype = compute == DType::BF16 ? DType::BF16 : w.dtype;
+  p.compute = compute;
   p.N = w.rows;
   p.K = w.cols;
   size_t bytes = p.bytes();
@@ -44,7 +46,8 @@ PackedWeights pack_weights(const WeightMatrix& w) {
     for (int64_t k = 0; k < p.K; ++k) {
       size_t idx = (static_cast<size_t>(panel) * p.K + k) * G3_PANEL + j;
       if (p.dtype == DType::F32) reinterpret_cast<float*>(mem)[idx] = w.f32[n * w.cols + k];
-      else reinterpret_cast<uint16_t*>(mem)[idx] = w.bf16[n * w.cols + k];
+      else if (w.dtype == DType::BF16) reinterpret_cast<uint16_t*>(mem)[idx] = w.bf16[n * w.cols + k];
+      else reinterpret_cast<uint16_t*>(mem)[idx] = f32_to_bf16(w.f32[n * w.cols + k]);
     }
   }
   return p;

@@ -76,12 +76,12 @@ ApplyResult run_apply(const ApplyRequest& r) {
     // The official block: dense caller mask (causal AND real keys), no cache.
     std::vector<uint8_t> mask = ref::causal_mask(real.data(), B, T);
     ref::block(spec, w, x.f32.data(), pos.i32.data(), B, T, mask.data(), nullptr, out.block_out.data(),
-               out.attn_out.data(), r.kv_dtype);
+               out.attn_out.data(), r.kv_dtype, r.compute);
     out.backend = "reference";
     out.isa = "scalar";
     return out;
   }
-  PreparedLayer L = prepare_layer(spec, w, r.kv_dtype, backend, isa);
+  PreparedLayer L = prepare_layer(spec, w, r.kv_dtype, backend, isa, r.compute);
   run_block_nocache(L, x.f32.data(), pos.i32.data(), real.data(), B, T, out.block_out.data(), out.attn_out.data());
   out.backend = L.kernels.backend;
   out.isa = L.kernels.kernels.isa;

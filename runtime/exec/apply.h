@@ -17,6 +17,7 @@ struct ApplyRequest {
   std::string backend = "auto";
   std::string isa;                // the --isa flag ("" = $G3ATTN_ISA or best); resolved inside
   DType kv_dtype = DType::F32;
+  DType compute = DType::F32;     // the compute mode (kernel_key.h)
 };
 
 struct ApplyResult {

@@ -8,6 +8,11 @@
 
 namespace g3 {
 
+// The contract's name of a key's compute mode.
+static int32_t contract_compute(const KernelKey& k) {
+  return k.compute == DType::BF16 ? G3_COMPUTE_BF16 : G3_COMPUTE_F32;
+}
+
 static WeightMatrix stack_rows(const std::vector<const WeightMatrix*>& parts) {
   WeightMatrix out;
   out.cols = parts[0]->cols;
@@ -27,13 +32,13 @@ static WeightMatrix stack_rows(const std::vector<const WeightMatrix*>& parts) {
 }
 
 PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
-                            const std::string& isa) {
+                            const std::string& isa, DType compute) {
   PreparedLayer L;
   L.spec = spec;
-  L.key = kernel_key(spec, kv_dtype, w.q_proj.dtype);
+  L.key = kernel_key(spec, kv_dtype, compute == DType::BF16 ? DType::BF16 : w.q_proj.dtype, compute);
   L.kernels = kernels_for(L.key, backend, isa);
-  L.wqkv = pack_weights(stack_rows({&w.q_proj, &w.k_proj, &w.v_proj}));
-  L.wo = pack_weights(w.o_proj);
+  L.wqkv = pack_weights(stack_rows({&w.q_proj, &w.k_proj, &w.v_proj}), compute);
+  L.wo = pack_weights(w.o_proj, compute);
   L.q_norm = w.q_norm;
   L.k_norm = w.k_norm;
   L.input_norm = w.input_norm;
@@ -44,7 +49,7 @@ PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType 
 PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std::string& backend,
                            const std::string& isa) {
   PreparedLayer L = base;  // PackedWeights share their storage
-  L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype);
+  L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype, base.key.compute);
   L.kernels = kernels_for(L.key, backend, isa);
   return L;
 }
@@ -121,6 +126,7 @@ void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* po
       // positions only feed RoPE and the window, whatever they are.
       ca.causal = G3_CAUSAL_SLOTS;
       ca.causal_offset = 0;
+      ca.compute = contract_compute(L.key);
       k.core(&ca);
     }
     // Step J: output projection; steps 3-4: post-norm and residual.
@@ -215,6 +221,7 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
     ca.group = int32_t(G);
     ca.window = s.window;
     ca.kv_dtype = kvd;
+    ca.compute = contract_compute(L.key);
     return ca;
   };
   // Slots row b's queries t0..t1-1 may see: on a full-length buffer slots are

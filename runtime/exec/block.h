@@ -28,8 +28,9 @@ struct PreparedLayer {
   std::vector<float> q_norm, k_norm, input_norm, post_norm;
 };
 
+// compute: the compute mode (kernel_key.h); bf16 packs the weights as bf16.
 PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
-                            const std::string& isa);
+                            const std::string& isa, DType compute = DType::F32);
 
 // One block call without a cache, as `g3attn apply` and the golden cases
 // run it: B rows of T tokens; keys are this call's tokens; key_real[b*T+s]
@@ -83,8 +84,8 @@ void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, Blo
 void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const int32_t* positions, int64_t B,
                         int64_t T, ThreadPool& pool, BlockScratch& scratch, const BlockSplit& split = {});
 
-// The same layer with the kernels of another KV dtype, backend or ISA; the
-// packed weights are shared, not copied.
+// The same layer with the kernels of another KV dtype, backend or ISA (and
+// the same compute mode); the packed weights are shared, not copied.
 PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std::string& backend,
                            const std::string& isa);
 

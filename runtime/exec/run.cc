@@ -77,6 +77,7 @@ RunResult run_model(const RunRequest& r) {
   o.backend = backend;
   o.isa = isa;
   o.kv_dtype = r.kv_dtype;
+  o.compute = r.compute;
   o.batch = B;
   o.context = L;
   o.chunk = std::min(r.chunk, r.prompt);
@@ -161,7 +162,7 @@ RunResult run_model(const RunRequest& r) {
 
   if (r.verify) {
     t0 = now_ms();
-    ReferenceStack ref(cfg, ws, B, L, m.pool(), r.kv_dtype);
+    ReferenceStack ref(cfg, ws, B, L, m.pool(), r.kv_dtype, r.compute);
     std::vector<float> want(size_t(B * L * D));
     ref.on_layer = [&](int layer) {
       if (r.progress) r.progress("verify prefill", layer + 1, nl);

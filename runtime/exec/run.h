@@ -24,6 +24,7 @@ struct RunRequest {
   std::string backend = "auto";
   std::string isa;                  // the --isa flag ("" = $G3ATTN_ISA or best)
   DType kv_dtype = DType::F32;
+  DType compute = DType::F32;       // the compute mode (kernel_key.h)
   bool verify = false;
   // Progress: phase ("prefill", "decode", "verify"), done, total.
   std::function<void(const std::string&, int64_t, int64_t)> progress;

@@ -53,6 +53,10 @@ std::vector<uint8_t> causal_mask(const int32_t* key_real, int64_t B, int64_t T) 
   return m;
 }
 
+double operand(double x, int32_t compute) {
+  return compute == G3_COMPUTE_BF16 ? double(bf16_to_f32(f32_to_bf16(float(x)))) : x;
+}
+
 // y[o] = sum_d x[d] * W[o][d] for an HF [out, in] matrix (widened to f32 once).
 static void project(const std::vector<float>& w, int64_t rows, int64_t cols, const float* x, float* y) {
   for (int64_t o = 0; o < rows; ++o) {
@@ -63,15 +67,24 @@ static void project(const std::vector<float>& w, int64_t rows, int64_t cols, con
   }
 }
 
-void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const int32_t* positions, int64_t B,
-               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype) {
+void attention(const LayerSpec& sp, const LayerWeights& w, const float* u_in, const int32_t* positions, int64_t B,
+               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype, DType compute) {
   const int64_t D = sp.hidden_size, H = sp.head_dim, N = sp.num_heads, K = sp.num_kv_heads, G = N / K;
+  const int32_t cm = compute == DType::BF16 ? G3_COMPUTE_BF16 : G3_COMPUTE_F32;
+  // In bf16 compute every input of a dot product is rounded; as operands
+  // they are used nowhere else, so they are rounded once, in place.
+  auto as_operands = [cm](std::vector<float>& v) {
+    for (float& e : v) e = float(operand(e, cm));
+    return v;
+  };
   // Steps A-C: projections, QK-norm, RoPE, then q *= alpha (k is never scaled).
-  const std::vector<float> wq = w.q_proj.to_f32(), wk = w.k_proj.to_f32(), wv = w.v_proj.to_f32(),
-                           wo = w.o_proj.to_f32();
+  std::vector<float> wq = w.q_proj.to_f32(), wk = w.k_proj.to_f32(), wv = w.v_proj.to_f32(), wo = w.o_proj.to_f32();
+  for (auto* m : {&wq, &wk, &wv, &wo}) as_operands(*m);
+  std::vector<float> u(u_in, u_in + B * T * D);
+  as_operands(u);
   std::vector<float> q(size_t(B * T * N * H)), k(size_t(B * T * K * H)), v(size_t(B * T * K * H));
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const float* ub = u + bt * D;
+    const float* ub = &u[bt * D];
     project(wq, N * H, D, ub, &q[bt * N * H]);
     project(wk, K * H, D, ub, &k[bt * K * H]);
     project(wv, K * H, D, ub, &v[bt * K * H]);
@@ -93,6 +106,10 @@ void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const
     for (float& e : k) e = bf16_to_f32(f32_to_bf16(e));
     for (float& e : v) e = bf16_to_f32(f32_to_bf16(e));
   }
+  // q, K and V as the logits and P.V see them.
+  as_operands(q);
+  as_operands(k);
+  as_operands(v);
 
   // Step D: the cache write, or the fresh rows as keys.
   int64_t S = T;
@@ -144,8 +161,9 @@ void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const
         for (int64_t s = 0; s < S; ++s) sum += (logits[s] = std::exp(logits[s] - mx));
         for (int64_t h = 0; h < H; ++h) {
           double acc = 0;
-          for (int64_t s = 0; s < S; ++s) acc += logits[s] * vals[((b * S + s) * K + j) * H + h];
-          enc[n * H + h] = static_cast<float>(acc / sum);
+          for (int64_t s = 0; s < S; ++s) acc += operand(logits[s], cm) * vals[((b * S + s) * K + j) * H + h];
+          // The attention output is an input of o_proj's dot products.
+          enc[n * H + h] = static_cast<float>(operand(acc / sum, cm));
         }
       }
       // Step J: output projection over (n, h).
@@ -154,11 +172,12 @@ void attention(const LayerSpec& sp, const LayerWeights& w, const float* u, const
 }
 
 void block(const LayerSpec& sp, const LayerWeights& w, const float* x, const int32_t* positions, int64_t B,
-           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out, DType kv_dtype) {
+           int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out, DType kv_dtype,
+           DType compute) {
   const int64_t D = sp.hidden_size;
   std::vector<float> u(size_t(B * T * D)), a(size_t(B * T * D));
   for (int64_t r = 0; r < B * T; ++r) rms_norm(x + r * D, D, w.input_norm.data(), sp.rms_eps, &u[r * D]);
-  attention(sp, w, u.data(), positions, B, T, mask, cache, a.data(), kv_dtype);
+  attention(sp, w, u.data(), positions, B, T, mask, cache, a.data(), kv_dtype, compute);
   if (attn_out) std::copy(a.begin(), a.end(), attn_out);
   for (int64_t r = 0; r < B * T; ++r) {
     std::vector<float> pn(static_cast<size_t>(D));
@@ -203,12 +222,6 @@ void qk(const g3_qk_args* a) {
       }
     }
   }
-}
-
-// The value a dot product sees in the given compute mode (kernel_contract.h):
-// itself in f32, rounded to bf16 (nearest even) in bf16.
-static double operand(double x, int32_t compute) {
-  return compute == G3_COMPUTE_BF16 ? double(bf16_to_f32(f32_to_bf16(float(x)))) : x;
 }
 
 void core(const g3_core_args* a) {

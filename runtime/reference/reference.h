@@ -26,6 +26,10 @@ void rms_norm(const float* x, int64_t n, const float* w, double eps, float* y);
 // SPEC 2.2: half-split RoPE of one head vector of length dh, in place.
 // Angles in double: theta_i = pos / base^(2i/dh) / scale.
 void rope(float* x, int64_t dh, int64_t pos, double base, double scale);
+// The value a dot product sees in compute mode `compute` (G3_COMPUTE_F32 or
+// G3_COMPUTE_BF16, kernel_contract.h): x itself, or x rounded to f32 and then
+// to bf16 (nearest even).
+double operand(double x, int32_t compute);
 // SPEC 1.4 sliding rule on positions: |qpos - kpos| < W.
 bool sliding_visible(int64_t qpos, int64_t kpos, int64_t window);
 
@@ -50,15 +54,19 @@ std::vector<uint8_t> causal_mask(const int32_t* key_real, int64_t B, int64_t T);
 // With a cache, the T new rows are written at min(end_index mod S, S - T)
 // and end_index advances by T (SPEC 1.5). kv_dtype is how K and V are
 // stored: BF16 rounds each element once, to nearest even, as it enters the
-// cache (or the fresh keys); q and the softmax weights stay exact.
+// cache (or the fresh keys); q and the softmax weights stay exact. compute
+// is the compute mode (kernel_contract.h): BF16 rounds the inputs of every
+// dot product (u and the weights for the projections, q and K for the
+// logits, the softmax weights and V, the attention output for o_proj).
 void attention(const LayerSpec& spec, const LayerWeights& w, const float* u, const int32_t* positions, int64_t B,
-               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype = DType::F32);
+               int64_t T, const uint8_t* mask, Cache* cache, float* out, DType kv_dtype = DType::F32,
+               DType compute = DType::F32);
 
 // SPEC 1.2 steps 1-4: u = RMSNorm(x); a = Attention(u); y = x + RMSNorm(a).
 // attn_out (optional) receives a before the post-norm.
 void block(const LayerSpec& spec, const LayerWeights& w, const float* x, const int32_t* positions, int64_t B,
            int64_t T, const uint8_t* mask, Cache* cache, float* block_out, float* attn_out,
-           DType kv_dtype = DType::F32);
+           DType kv_dtype = DType::F32, DType compute = DType::F32);
 
 // The kernel contract in scalar code (structured mask; rows with no visible
 // key get zeros and lse = -inf).

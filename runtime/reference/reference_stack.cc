@@ -30,8 +30,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) double dot(const fl
 }  // namespace
 
 ReferenceStack::ReferenceStack(const ModelConfig& cfg, const WeightSource& weights, int64_t batch, int64_t cache_len,
-                               ThreadPool& pool, DType kv_dtype)
-    : cfg_(cfg), B_(batch), S_(cache_len), pool_(pool), kv_dtype_(kv_dtype) {
+                               ThreadPool& pool, DType kv_dtype, DType compute)
+    : cfg_(cfg),
+      B_(batch),
+      S_(cache_len),
+      pool_(pool),
+      kv_dtype_(kv_dtype),
+      compute_(compute == DType::BF16 ? G3_COMPUTE_BF16 : G3_COMPUTE_F32) {
   const std::vector<LayerSpec> specs = layer_specs(cfg);
   layers_.resize(specs.size());
   pool_.parallel_for(int64_t(specs.size()), [&](int64_t i) {
@@ -42,6 +47,9 @@ ReferenceStack::ReferenceStack(const ModelConfig& cfg, const WeightSource& weigh
     L.wk = w.k_proj.to_f32();
     L.wv = w.v_proj.to_f32();
     L.wo = w.o_proj.to_f32();
+    // In bf16 compute the weights are dot-product inputs like any other.
+    for (auto* m : {&L.wq, &L.wk, &L.wv, &L.wo})
+      for (float& e : *m) e = float(ref::operand(e, compute_));
     L.q_norm = w.q_norm;
     L.k_norm = w.k_norm;
     L.input_norm = w.input_norm;
@@ -76,7 +84,10 @@ void ReferenceStack::block(Layer& L, const float* x, const int32_t* positions, i
   std::vector<float> enc(size_t(R * N * H)), a(size_t(R * D));
 
   // SPEC 1.2 step 1 and 1.3 step A.
-  pool_.parallel_for(R, [&](int64_t r) { ref::rms_norm(x + r * D, D, L.input_norm.data(), sp.rms_eps, &u[r * D]); });
+  pool_.parallel_for(R, [&](int64_t r) {
+    ref::rms_norm(x + r * D, D, L.input_norm.data(), sp.rms_eps, &u[r * D]);
+    for (int64_t d = 0; d < D; ++d) u[r * D + d] = float(ref::operand(u[r * D + d], compute_));
+  });
   const int64_t QKV = (N + 2 * K) * H, cb = 128, ncb = (QKV + cb - 1) / cb;
   pool_.parallel_for(R * ncb, [&](int64_t i) {
     const int64_t r = i / ncb, c0 = (i % ncb) * cb, c1 = std::min(QKV, c0 + cb);
@@ -101,10 +112,14 @@ void ReferenceStack::block(Layer& L, const float* x, const int32_t* positions, i
       ref::rms_norm(kh, H, L.k_norm.data(), sp.rms_eps, kh);
       ref::rope(kh, H, p, sp.rope_base, sp.rope_scale);
     }
-    // K and V as the cache stores them (rounded once when it holds bf16).
+    // K and V as the cache stores them (rounded once when it holds bf16),
+    // then q, K and V as the logits and P.V see them (the compute mode).
     if (kv_dtype_ == DType::BF16)
       for (float* e : {&k[r * K * H], &v[r * K * H]})
         for (int64_t i = 0; i < K * H; ++i) e[i] = bf16_to_f32(f32_to_bf16(e[i]));
+    for (int64_t i = 0; i < N * H; ++i) q[r * N * H + i] = float(ref::operand(q[r * N * H + i], compute_));
+    for (float* e : {&k[r * K * H], &v[r * K * H]})
+      for (int64_t i = 0; i < K * H; ++i) e[i] = float(ref::operand(e[i], compute_));
   });
   // Step D: the official cache write (every token, padding included).
   ref::Cache& C = L.cache;
@@ -137,9 +152,12 @@ void ReferenceStack::block(Layer& L, const float* x, const int32_t* positions, i
     for (int64_t s = 0; s < S; ++s) {
       if (p[size_t(s)] == 0) continue;  // exp(K_MASK - max) underflows to exactly 0
       const float* vh = &C.v[((b * S + s) * K + j) * H];
-      for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += p[size_t(s)] * vh[h];
+      const double ps = ref::operand(p[size_t(s)], compute_);
+      for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += ps * vh[h];
     }
-    for (int64_t h = 0; h < H; ++h) enc[(r * N + n) * H + h] = static_cast<float>(acc[size_t(h)] / sum);
+    // The attention output is an input of o_proj's dot products.
+    for (int64_t h = 0; h < H; ++h)
+      enc[(r * N + n) * H + h] = static_cast<float>(ref::operand(acc[size_t(h)] / sum, compute_));
   });
   // Step J and SPEC 1.2 steps 3-4.
   const int64_t db = 128, ndb = (D + db - 1) / db;

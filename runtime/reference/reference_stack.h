@@ -26,7 +26,7 @@ namespace g3 {
 class ReferenceStack {
  public:
   ReferenceStack(const ModelConfig& cfg, const WeightSource& weights, int64_t batch, int64_t cache_len,
-                 ThreadPool& pool, DType kv_dtype = DType::F32);
+                 ThreadPool& pool, DType kv_dtype = DType::F32, DType compute = DType::F32);
   void forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y);
   std::function<void(int)> on_layer;
 
@@ -41,6 +41,7 @@ class ReferenceStack {
   int64_t B_, S_;
   ThreadPool& pool_;
   DType kv_dtype_;
+  int32_t compute_;  // G3_COMPUTE_F32 or G3_COMPUTE_BF16
   std::vector<Layer> layers_;
   std::vector<uint8_t> slot_real_;  // [B][S]
   int64_t end_index_ = 0;

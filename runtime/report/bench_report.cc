@@ -61,6 +61,7 @@ nlohmann::json row_json(const Row& r) {
   j["phase"] = r.phase;
   j["kv_dtype"] = r.kv_dtype;
   j["weight_dtype"] = r.weight_dtype;
+  j["compute"] = r.compute;
   j["batch"] = r.batch;
   j["new_tokens"] = r.new_tokens;
   j["context"] = r.context ? nlohmann::json(*r.context) : nlohmann::json(nullptr);
@@ -81,14 +82,14 @@ nlohmann::json row_json(const Row& r) {
 
 nlohmann::json id_json(const Row& r) {
   return {{"backend", r.backend}, {"route", r.route}, {"isa", r.isa}, {"model", r.model}, {"kind", r.kind},
-          {"phase", r.phase}, {"kv_dtype", r.kv_dtype}, {"weight_dtype", r.weight_dtype}, {"batch", r.batch},
+          {"phase", r.phase}, {"kv_dtype", r.kv_dtype}, {"weight_dtype", r.weight_dtype}, {"compute", r.compute}, {"batch", r.batch},
           {"new_tokens", r.new_tokens},
           {"context", r.context ? nlohmann::json(*r.context) : nlohmann::json(nullptr)}};
 }
 
 std::string row_label(const Row& r) {
   return r.label() + " " + r.isa + " " + r.model + " " + r.kind + " " + r.phase + " kv " + r.kv_dtype + " w " +
-         r.weight_dtype + " batch " + std::to_string(r.batch) + " new " + std::to_string(r.new_tokens) + " ctx " +
+         r.weight_dtype + " compute " + r.compute + " batch " + std::to_string(r.batch) + " new " + std::to_string(r.new_tokens) + " ctx " +
          ctx(r.context);
 }
 
@@ -122,13 +123,14 @@ std::string table_text(const Result& r) {
     << " GFLOP/s (" << p.fp32_isa << "), bf16 dot "
     << (p.bf16_gflops ? num(*p.bf16_gflops) + " GFLOP/s (vdpbf16ps)" : std::string("n/a (no AVX512_BF16)"))
     << ", DRAM read " << num(p.dram_read_gbs) << " GB/s\n\n";
-  std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "new", "ctx",
-                                              "ms_med", "ms_min", "GFLOP/s", "GB/s", "%peak", "vs_ref", "vs_best",
-                                              "runs"}};
-  std::vector<bool> right = {false, false, false, false, false, false, false, true, true,
-                             true,  true,  true,  true,  true,  true,  true,  true};
+  std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "cmp", "new",
+                                              "ctx", "ms_med", "ms_min", "GFLOP/s", "GB/s", "%peak", "vs_ref",
+                                              "vs_best", "runs"}};
+  std::vector<bool> right = {false, false, false, false, false, false, false, false, true,
+                             true,  true,  true,  true,  true,  true,  true,  true,  true};
   for (const Row& x : r.rows)
-    t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, std::to_string(x.new_tokens),
+    t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
+                 std::to_string(x.new_tokens),
                  ctx(x.context), num(x.ms_median), num(x.ms_min), num(x.gflops), opt_num(x.gbs), num(x.pct_peak),
                  opt_num(x.vs_reference), opt_num(x.vs_best), std::to_string(x.runs)});
   if (r.rows.empty()) o << "(no rows)\n";
@@ -185,6 +187,8 @@ std::vector<Row> load_rows(const std::string& path) {
       r.phase = x.at("phase").get<std::string>();
       r.kv_dtype = x.at("kv_dtype").get<std::string>();
       r.weight_dtype = x.at("weight_dtype").get<std::string>();
+      // Files written before compute modes existed were f32 runs.
+      r.compute = x.contains("compute") ? x.at("compute").get<std::string>() : "f32";
       r.batch = x.at("batch").get<int>();
       r.new_tokens = x.at("new_tokens").get<int64_t>();
       if (!x.at("context").is_null()) r.context = x.at("context").get<int64_t>();
@@ -234,12 +238,13 @@ std::string compare_text(const Comparison& c) {
   o << "\ncompare with " << c.file << " (threshold " << num(c.threshold_pct) << "%): " << c.lines.size()
     << " rows matched, " << c.regressions << " regression" << (c.regressions == 1 ? "" : "s") << "\n";
   if (!c.lines.empty()) {
-    std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "new", "ctx",
-                                                "old_ms", "new_ms", "new/old", ""}};
-    std::vector<bool> right = {false, false, false, false, false, false, false, true, true, true, true, true, false};
+    std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "cmp", "new",
+                                                "ctx", "old_ms", "new_ms", "new/old", ""}};
+    std::vector<bool> right = {false, false, false, false, false, false, false, false,
+                               true,  true,  true,  true,  true,  false};
     for (const auto& l : c.lines) {
       const Row& x = l.now;
-      t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype,
+      t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
                    std::to_string(x.new_tokens), ctx(x.context), num(l.old_ms), num(x.ms_median), num(l.ratio),
                    l.regression ? "REGRESSION" : ""});
     }
@@ -292,10 +297,13 @@ nlohmann::json to_json(const Result& r, const Comparison* c) {
   const Options& o = r.options;
   nlohmann::json kv = nlohmann::json::array();
   for (DType d : o.kv_dtypes) kv.push_back(to_string(d));
+  nlohmann::json computes = nlohmann::json::array();
+  for (DType d : o.computes) computes.push_back(to_string(d));
   out["options"] = {{"models", o.models},      {"isas", o.isas},         {"backends", o.backends},
                     {"phases", o.phases},      {"new_tokens", o.new_tokens}, {"batch", o.batch},
                     {"threads", o.threads},    {"repeat", o.repeat > 0 ? nlohmann::json(o.repeat) : nlohmann::json("auto")},
-                    {"kv_dtypes", kv},         {"weight_dtype", to_string(o.weight_dtype)}};
+                    {"kv_dtypes", kv},         {"computes", computes},
+                    {"weight_dtype", to_string(o.weight_dtype)}};
   if (o.contexts.empty())
     out["options"]["contexts"] = {{"prefill", default_prefill_contexts()}, {"decode", default_decode_contexts()}};
   else
@@ -338,11 +346,11 @@ std::string csv_text(const Result& r) {
     return std::string(buf);
   };
   std::string s =
-      "backend,isa,model,kind,phase,kv_dtype,weight_dtype,batch,new_tokens,context,ms_median,ms_min,gflops,gbs,"
+      "backend,isa,model,kind,phase,kv_dtype,weight_dtype,compute,batch,new_tokens,context,ms_median,ms_min,gflops,gbs,"
       "pct_peak,vs_reference,vs_best\n";
   for (const Row& x : r.rows) {
     s += x.label() + "," + x.isa + "," + x.model + "," + x.kind + "," + x.phase + "," + x.kv_dtype + "," +
-         x.weight_dtype + "," + std::to_string(x.batch) + "," + std::to_string(x.new_tokens) + "," +
+         x.weight_dtype + "," + x.compute + "," + std::to_string(x.batch) + "," + std::to_string(x.new_tokens) + "," +
          (x.context ? std::to_string(*x.context) : std::string()) + "," + o(x.ms_median) + "," + o(x.ms_min) + "," +
          o(x.gflops) + "," + o(x.gbs) + "," + o(x.pct_peak) + "," + o(x.vs_reference) + "," + o(x.vs_best) + "\n";
   }
@@ -360,7 +368,8 @@ std::string svg_text(const Result& r) {
     if (!group_label.count(g)) {
       groups.push_back(g);
       group_label[g] = x.model + " " + x.kind + " " + x.phase + " " + (x.context ? "ctx " + ctx(x.context) + " " : "") +
-                       "new " + std::to_string(x.new_tokens) + (x.kv_dtype != "any" ? " " + x.kv_dtype : "");
+                       "new " + std::to_string(x.new_tokens) + (x.kv_dtype != "any" ? " " + x.kv_dtype : "") +
+                       (x.compute != "f32" ? " compute " + x.compute : "");
     }
     if (std::find(series.begin(), series.end(), s) == series.end()) series.push_back(s);
     cell[{g, s}] = &x;
