@@ -3,6 +3,7 @@
 // stderr naming the file, and no output file left behind.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "runtime/io/npy.h"
@@ -123,37 +124,36 @@ TEST_CASE("apply: bad safetensors files", "[apply][cli][errors]") {
     g3test::write_bytes(a.weights, b);
     expect_refusal(a, "w.safetensors");
   }
-  SECTION("offsets out of range") {
+  // kCase's weights with their header edited must be refused, naming `what`.
+  auto expect_header_refused = [&](const std::function<void(json&)>& edit, const std::string& what) {
     auto w = golden_weights();
-    w.header["model.layers.5.self_attn.v_proj.weight"]["data_offsets"] = {20800, 9999999};
+    edit(w.header);
     g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
-    expect_refusal(a, "w.safetensors");
+    expect_refusal(a, what);
+  };
+  const std::string L5 = "model.layers.5.self_attn.";
+  SECTION("offsets out of range") {
+    expect_header_refused([&](json& h) { h[L5 + "v_proj.weight"]["data_offsets"] = {20800, 9999999}; },
+                          "w.safetensors");
   }
   SECTION("overlapping offsets") {
-    auto w = golden_weights();
-    w.header["model.layers.5.self_attn.k_norm.weight"]["data_offsets"] = {128, 160};
-    g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
-    expect_refusal(a, "w.safetensors");
+    expect_header_refused([&](json& h) { h[L5 + "k_norm.weight"]["data_offsets"] = {128, 160}; }, "w.safetensors");
   }
   SECTION("unsupported dtype") {
-    auto w = golden_weights();
-    w.header["model.layers.5.self_attn.q_norm.weight"]["dtype"] = "I16";
-    g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
-    expect_refusal(a, "I16");
+    expect_header_refused([&](json& h) { h[L5 + "q_norm.weight"]["dtype"] = "I16"; }, "I16");
   }
   SECTION("missing tensor") {
-    auto w = golden_weights();
     // Drop o_proj by renaming it: offsets stay valid, the name is gone.
-    w.header["model.layers.5.self_attn.o_proj.other"] = w.header["model.layers.5.self_attn.o_proj.weight"];
-    w.header.erase("model.layers.5.self_attn.o_proj.weight");
-    g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
-    expect_refusal(a, "missing tensor model.layers.5.self_attn.o_proj.weight");
+    expect_header_refused(
+        [&](json& h) {
+          h[L5 + "o_proj.other"] = h[L5 + "o_proj.weight"];
+          h.erase(L5 + "o_proj.weight");
+        },
+        "missing tensor model.layers.5.self_attn.o_proj.weight");
   }
   SECTION("tensor shape not matching the config") {
-    auto w = golden_weights();
-    w.header["model.layers.5.self_attn.q_proj.weight"]["shape"] = {32, 128};
-    g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
-    expect_refusal(a, "q_proj.weight has shape [32,128]");
+    expect_header_refused([&](json& h) { h[L5 + "q_proj.weight"]["shape"] = {32, 128}; },
+                          "q_proj.weight has shape [32,128]");
   }
   SECTION("not a file at all") {
     a.weights = t.file("missing.safetensors");

@@ -63,21 +63,31 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-TEST_CASE("npy: float32 round trip through a file", "[npy]") {
+TEST_CASE("npy: float32 and int32 round trip through a file", "[npy]") {
   g3test::TempDir dir;
   const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {3}, {2, 3, 4}};
   for (const auto& shape : shapes) {
     INFO("shape rank " << shape.size());
-    std::vector<float> v(static_cast<size_t>(numel(shape)));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i) - 3.25f;
-    std::string path = dir.file("a.npy");
-    g3::write_npy_f32(path, v.data(), shape);
-    g3::NpyArray a = g3::read_npy_f32(path);
+    const size_t n = static_cast<size_t>(numel(shape));
+    std::vector<float> f(n);
+    std::vector<int32_t> p(n);
+    for (size_t i = 0; i < n; ++i) {
+      f[i] = 0.5f * static_cast<float>(i) - 3.25f;
+      p[i] = static_cast<int32_t>(i * 7) - 50;
+    }
+    if (n) p[0] = INT32_MIN;
+    g3::write_npy_f32(dir.file("a.npy"), f.data(), shape);
+    g3::write_file_atomic(dir.file("p.npy"), g3::npy_bytes_i32(p.data(), shape));
+    const g3::NpyArray a = g3::read_npy_f32(dir.file("a.npy")), b = g3::read_npy_i32(dir.file("p.npy"));
     CHECK(a.type == g3::NpyArray::Type::F32);
+    CHECK(b.type == g3::NpyArray::Type::I32);
     CHECK(a.shape == shape);
+    CHECK(b.shape == shape);
     CHECK(a.size() == numel(shape));
-    CHECK(a.f32 == v);
+    CHECK(a.f32 == f);
+    CHECK(b.i32 == p);
     CHECK(a.i32.empty());
+    CHECK(b.f32.empty());
   }
   // Special values survive bit for bit.
   std::vector<float> special = {INFINITY, -INFINITY, -0.0f, 1e-45f, 3.4028235e38f};
@@ -85,26 +95,8 @@ TEST_CASE("npy: float32 round trip through a file", "[npy]") {
   g3::NpyArray s = g3::read_npy_f32(dir.file("s.npy"));
   REQUIRE(s.f32.size() == 5);
   CHECK(std::memcmp(s.f32.data(), special.data(), 20) == 0);
-  // Only the target is left behind: no temporary files.
-  CHECK(g3test::count_entries(dir.path) == 2);
-}
-
-TEST_CASE("npy: int32 round trip through a file", "[npy]") {
-  g3test::TempDir dir;
-  const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {3}, {2, 3, 4}};
-  for (const auto& shape : shapes) {
-    INFO("shape rank " << shape.size());
-    std::vector<int32_t> v(static_cast<size_t>(numel(shape)));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i * 7) - 50;
-    if (!v.empty()) v[0] = INT32_MIN;
-    std::string path = dir.file("p.npy");
-    g3::write_file_atomic(path, g3::npy_bytes_i32(v.data(), shape));
-    g3::NpyArray a = g3::read_npy_i32(path);
-    CHECK(a.type == g3::NpyArray::Type::I32);
-    CHECK(a.shape == shape);
-    CHECK(a.i32 == v);
-    CHECK(a.f32.empty());
-  }
+  // Only the targets are left behind (a.npy, p.npy, s.npy): no temporary files.
+  CHECK(g3test::count_entries(dir.path) == 3);
 }
 
 TEST_CASE("npy: written header follows NumPy's layout", "[npy]") {

@@ -37,7 +37,6 @@
 #include "runtime/reference/reference.h"
 #include "tests/support/test_support.h"
 
-#ifdef G3_HIGHWAY_AVAILABLE
 #include "generator/highway/projections.h"
 
 namespace {
@@ -307,11 +306,3 @@ TEST_CASE("highway rmsnorm equals ref::rmsnorm, with and without residual, in pl
     }
   }
 }
-
-#else  // !G3_HIGHWAY_AVAILABLE
-
-TEST_CASE("highway projections: backend not built", "[hwy][projections]") {
-  WARN("g3_highway is not part of this build; the projection kernels are not tested");
-}
-
-#endif

@@ -3,10 +3,10 @@
 // rows, and the contract-level kernels against the official block.
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <random>
 
 #include "runtime/exec/block.h"
 #include "runtime/reference/reference.h"
+#include "tests/support/test_support.h"
 
 namespace {
 
@@ -25,12 +25,12 @@ g3::ModelConfig tiny_model(int window) {
   return m;
 }
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
+// The causal mask of `rows` queries over `S` slots: query t sees slots 0..t.
+std::vector<uint8_t> causal_slots(int64_t rows, int64_t S) {
+  std::vector<uint8_t> mask(size_t(rows * S), 0);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t s = 0; s <= t; ++s) mask[size_t(t * S + s)] = 1;
+  return mask;
 }
 
 }  // namespace
@@ -70,24 +70,20 @@ TEST_CASE("official cache: prefill then decode steps equal a one-shot prefill", 
     auto spec = g3::layer_spec(m, layer);
     auto w = g3::random_layer_weights(spec, 7, g3::DType::F32);
     const int64_t S = 16, T = 14, P = 9, D = spec.hidden_size;
-    auto x = randn(size_t(T * D), 11);
+    auto x = g3test::randn(size_t(T * D), 11);
     std::vector<int32_t> pos(T);
     for (int t = 0; t < T; ++t) pos[t] = t;
 
     // One shot: T tokens into an empty cache of S slots; slot s holds token s.
     auto c1 = g3::ref::Cache::zeros(1, S, spec.num_kv_heads, spec.head_dim);
-    std::vector<uint8_t> mask(size_t(T * S), 0);
-    for (int t = 0; t < T; ++t)
-      for (int s = 0; s <= t; ++s) mask[t * S + s] = 1;
+    const std::vector<uint8_t> mask = causal_slots(T, S);
     std::vector<float> y1(size_t(T * D));
     g3::ref::block(spec, w, x.data(), pos.data(), 1, T, mask.data(), &c1, y1.data(), nullptr);
     CHECK(c1.end_index == T);
 
     // Prefill P tokens, then T - P decode steps of one token.
     auto c2 = g3::ref::Cache::zeros(1, S, spec.num_kv_heads, spec.head_dim);
-    std::vector<uint8_t> pm(size_t(P * S), 0);
-    for (int t = 0; t < P; ++t)
-      for (int s = 0; s <= t; ++s) pm[t * S + s] = 1;
+    const std::vector<uint8_t> pm = causal_slots(P, S);
     std::vector<float> y2(size_t(T * D));
     g3::ref::block(spec, w, x.data(), pos.data(), 1, P, pm.data(), &c2, y2.data(), nullptr);
     for (int t = P; t < T; ++t) {
@@ -108,7 +104,7 @@ TEST_CASE("a fully masked row gets the official uniform average, not NaN", "[ref
   auto spec = g3::layer_spec(m, 5);
   auto w = g3::random_layer_weights(spec, 3, g3::DType::F32);
   const int64_t T = 3, D = spec.hidden_size;
-  auto x = randn(size_t(T * D), 5);
+  auto x = g3test::randn(size_t(T * D), 5);
   std::vector<int32_t> pos = {0, 1, 2};
   std::vector<uint8_t> mask(size_t(T * T), 0);  // nothing visible anywhere
   std::vector<float> attn(size_t(T * D)), y(size_t(T * D));
@@ -128,7 +124,7 @@ TEST_CASE("the contract path on the reference kernels equals the official block"
       auto spec = g3::layer_spec(m, layer);
       auto w = g3::random_layer_weights(spec, 9, g3::DType::BF16);
       const int64_t B = 2, T = 13, D = spec.hidden_size;
-      auto x = randn(size_t(B * T * D), 13);
+      auto x = g3test::randn(size_t(B * T * D), 13);
       std::vector<int32_t> pos(B * T), real(B * T, 1);
       for (int t = 0; t < T; ++t) {
         pos[t] = t;

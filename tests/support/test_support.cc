@@ -1,10 +1,12 @@
 #include "tests/support/test_support.h"
 
 #include "generator/backend_api.h"
+#include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/exec/apply.h"
 #include "runtime/io/npy.h"
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +174,38 @@ int count_entries(const std::string& dir) {
   return n;
 }
 
+std::vector<std::string> files_ending(const std::string& dir, const std::string& suffix) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename();
+    if (n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+      v.push_back(e.path().string());
+  }
+  return v;
+}
+
+StderrCapture::StderrCapture(const std::string& p) : path(p) {
+  std::fflush(stderr);
+  saved_ = ::dup(2);
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + p + " to capture stderr");
+  ::dup2(fd, 2);
+  ::close(fd);
+}
+StderrCapture::~StderrCapture() { restore(); }
+std::string StderrCapture::finish() {
+  restore();
+  return read_text(path);
+}
+void StderrCapture::restore() {
+  std::fflush(stderr);
+  if (saved_ >= 0) {
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+}
+
 double max_abs_diff(const float* a, const float* b, int64_t rows, int64_t width,
                     const std::vector<bool>& row_ok, double atol, double rtol, int64_t* bad) {
   double mx = 0;
@@ -252,7 +286,6 @@ GoldenCheck check_golden_case(const std::string& name, const std::string& backen
 
 std::vector<std::string> highway_test_isas() {
   std::vector<std::string> v;
-#ifdef G3_HIGHWAY_AVAILABLE
   const std::vector<std::string> compiled = g3::highway_compiled_isas();
   for (const auto& isa : g3::isa_names()) {
     if (std::find(compiled.begin(), compiled.end(), isa) == compiled.end())
@@ -262,43 +295,36 @@ std::vector<std::string> highway_test_isas() {
     else
       v.push_back(isa);
   }
-#else
-  std::printf("skipped: highway (not part of this build)\n");
-#endif
   std::fflush(stdout);
   return v;
 }
 
-bool backend_runs_here(const std::string& backend, const std::string& isa_in) {
+bool backend_runs_here(const std::string& backend, const std::string& isa_in, Through via) {
   const std::string isa = isa_in.empty() || isa_in == "best" ? g3::best_isa() : isa_in;
+  // A key every backend serves when it serves the ISA at all (head_dim 64,
+  // a multiple of every vector width), to ask the table about the ISA alone.
+  const g3::KernelKey probe{.head_dim = 64, .group = 2, .rope_base = 10000, .alpha = 0.125f};
+  const g3::Backend* b = g3::find_backend(backend);
   std::string why;
-  if (!g3::isa_supported_by_cpu(isa)) {
+  if (!b) {
+    why = "not a backend of this build's table";
+  } else if (!g3::isa_supported_by_cpu(isa)) {
     why = "this CPU cannot run " + isa;
-  } else if (!g3::isa_compiled(isa)) {
+  } else if ((via == Through::Runtime || b->kind == g3::BackendKind::Aot) && !g3::isa_compiled(isa)) {
     // --isa accepts only Highway's compiled targets, and Highway serves the
-    // stages a JIT leaves out, so a cap Highway lacks cannot run any backend
-    // (the sanitizer build compiles AVX2 and scalar only).
+    // stages a JIT leaves out, so through the runtime a cap Highway lacks
+    // cannot run any backend (the sanitizer build compiles AVX2 and scalar
+    // only); Highway's own kernels exist only for its compiled targets.
     why = isa + " is not compiled into this build";
-  } else if (backend == "highway") {
-#ifndef G3_HIGHWAY_AVAILABLE
-    why = "not part of this build";
-#endif
-  } else if (backend == "llvm") {
-#ifndef G3_LLVM_AVAILABLE
-    why = "not part of this build (-DG3ATTN_WITH_LLVM=OFF)";
-#endif
-  } else if (backend == "xbyak") {
-#ifdef G3_XBYAK_AVAILABLE
-    // The Xbyak kernels are AVX2+FMA or AVX-512 code only (README).
-    if (isa != "avx2" && isa != "avx3" && isa != "avx3_dl") why = "ISA cap below avx2";
-#else
-    why = "not part of this build";
-#endif
+  } else {
+    why = b->why_unavailable(probe, isa);  // not in this build, an ISA cap below what the JIT emits, ...
   }
   if (why.empty()) return true;
   std::printf("skipped: %s %s (%s)\n", backend.c_str(), isa.c_str(), why.c_str());
   std::fflush(stdout);
   return false;
 }
+
+ScratchJitCache::ScratchJitCache() { setenv("G3ATTN_CACHE_DIR", dir.path.c_str(), 1); }
 
 }  // namespace g3test

@@ -65,6 +65,27 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 bool file_exists(const std::string& path);
 // Number of entries in a directory (to check nothing was left behind).
 int count_entries(const std::string& dir);
+// Paths of the entries of a directory whose names end in `suffix`.
+std::vector<std::string> files_ending(const std::string& dir, const std::string& suffix);
+
+// Redirects this process's stderr to the file `path` while alive, so
+// warnings can be checked.
+class StderrCapture {
+ public:
+  explicit StderrCapture(const std::string& path);
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  // Only restores: the test may have read and removed the file already, and
+  // a destructor must not throw (read_text does for a missing file).
+  ~StderrCapture();
+  // Restores stderr and returns what was captured.
+  std::string finish();
+  const std::string path;
+
+ private:
+  void restore();
+  int saved_ = -1;
+};
 
 // Elementwise |a - b| <= atol + rtol * |b| over the rows where row_ok is
 // true (row = one token, `width` floats). Returns the max abs difference over
@@ -80,16 +101,31 @@ g3::WeightSource random_weights(uint64_t seed);
 // n samples of N(0, 1) from a seed.
 std::vector<float> randn(size_t n, uint64_t seed);
 
-// Which ISAs and backends a test can run here, decided from the build flags
-// and CPUID rather than from the kernel registry under test, so that a
-// registry falling back to Highway can never pass for an llvm or xbyak test.
-// Whatever is left out is printed by name: "skipped: <backend> <isa> (why)".
+// Which ISAs and backends a test can run here, decided from the backend
+// table (is the backend in this build, what does it say about the ISA),
+// CPUID and Highway's compiled targets rather than from the kernel registry
+// under test, so that a registry falling back to Highway can never pass for
+// an llvm or xbyak test. Whatever is left out is printed by name:
+// "skipped: <backend> <isa> (why)".
 //
 // Highway targets this build compiled and this CPU runs, lowest first.
 std::vector<std::string> highway_test_isas();
+// How a test reaches a backend: through the runtime (the kernel registry,
+// run_apply, prepare_layer), which also needs Highway compiled for the ISA
+// because Highway serves the stages a JIT leaves out; or by calling the
+// backend's own kernels, which needs only this CPU to run the ISA.
+enum class Through { Runtime, Kernel };
 // Whether `backend` (any --backend name but auto) serves cap `isa` ("best"
 // allowed) in this build on this CPU; prints the skip line when not.
-bool backend_runs_here(const std::string& backend, const std::string& isa);
+bool backend_runs_here(const std::string& backend, const std::string& isa, Through via = Through::Runtime);
+
+// For the lifetime of the object (a global in a suite that builds JIT
+// kernels), G3ATTN_CACHE_DIR points to a fresh scratch directory: the suite
+// exercises the compiler every time and never fills the user's cache.
+struct ScratchJitCache {
+  ScratchJitCache();
+  TempDir dir;
+};
 
 // One golden case through run_apply (the `g3attn apply` code path) on a
 // backend and ISA ("" = $G3ATTN_ISA or best), compared on valid rows with
