@@ -12,6 +12,12 @@
 // Numerics: f32 arithmetic and f32 accumulation everywhere; bf16 KV elements
 // are widened on load and written with round-to-nearest-even. RoPE angles
 // are computed in double exactly as the scalar reference does.
+//
+// Names follow SPEC.md's notation where they overlap it: H is head_dim, G the
+// group size, a->S the number of key slots, W the window. NL is the number of
+// f32 lanes of a vector (hn::Lanes), never SPEC's N (query heads, which only
+// appear as a->num_heads); `logits` is a tile's logits, replaced in place by
+// their unnormalised probabilities once the softmax step has run.
 
 // Per-target include guard: toggled by foreach_target between passes.
 #if defined(G3_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -26,12 +32,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernel_contract.h"
 #include "mask_rule.h"
+#include "scratch.h"
 #include "softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -63,20 +69,6 @@ constexpr size_t kRows = 8;
 #else
 constexpr size_t kRows = 4;
 #endif
-// Grow-only, 64-byte aligned scratch per thread and per call site: the core
-// and the QK stage allocate nothing in steady state.
-struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> p;
-  size_t n = 0;
-  float* Get(size_t need) {
-    if (need > n) {
-      p = hwy::AllocateAligned<float>(need);
-      n = need;
-    }
-    return p.get();
-  }
-};
-
 HWY_INLINE size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 // ---------------------------------------------------------------------------
@@ -133,9 +125,9 @@ HWY_INLINE void StoreKV(D d, hn::Vec<D> v, void* base, size_t i) {
 template <class D>
 HWY_INLINE void NormRope(D d, const float* x, const float* w, float eps, const float* cs, const float* sn, size_t H,
                          float scale, float* y) {
-  const size_t N = hn::Lanes(d), half = H / 2;
+  const size_t NL = hn::Lanes(d), half = H / 2;
   auto s0 = hn::Zero(d), s1 = hn::Zero(d);
-  for (size_t i = 0; i < half; i += N) {
+  for (size_t i = 0; i < half; i += NL) {
     const auto a = hn::LoadU(d, x + i), b = hn::LoadU(d, x + half + i);
     s0 = hn::MulAdd(a, a, s0);
     s1 = hn::MulAdd(b, b, s1);
@@ -145,7 +137,7 @@ HWY_INLINE void NormRope(D d, const float* x, const float* w, float eps, const f
   // ulp of it for the scale factor.
   const auto r = hn::Set(d, static_cast<float>(1.0 / sqrt(ss / double(H) + double(eps))));
   const auto one = hn::Set(d, 1.0f), sc = hn::Set(d, scale);
-  for (size_t i = 0; i < half; i += N) {
+  for (size_t i = 0; i < half; i += NL) {
     const auto a = hn::Mul(hn::Mul(hn::LoadU(d, x + i), r), hn::Add(one, hn::LoadU(d, w + i)));
     const auto b = hn::Mul(hn::Mul(hn::LoadU(d, x + half + i), r), hn::Add(one, hn::LoadU(d, w + half + i)));
     const auto c = hn::LoadU(d, cs + i), s = hn::LoadU(d, sn + i);
@@ -158,8 +150,8 @@ HWY_INLINE void NormRope(D d, const float* x, const float* w, float eps, const f
 // The whole QK stage for one call. kDH: head_dim or 0 (runtime).
 template <int kDH, int kKV, class D>
 HWY_NOINLINE void QkImpl(D d, const g3_qk_args* a, double base, double rscale, float alpha) {
-  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim), half = H / 2, N = hn::Lanes(d);
-  static thread_local Scratch scratch;
+  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim), half = H / 2, NL = hn::Lanes(d);
+  static thread_local Scratch<float> scratch;
   const size_t hp = RoundUp(half, 16), h2 = RoundUp(H, 16);
   float* cs = scratch.Get(2 * hp + h2);
   float* sn = cs + hp;
@@ -189,7 +181,7 @@ HWY_NOINLINE void QkImpl(D d, const g3_qk_args* a, double base, double rscale, f
       // Keys are normed and rotated but never scaled (SPEC 1.3 step C).
       NormRope(d, a->k + t * a->kv_stride + j * int64_t(H), a->k_norm, a->eps, cs, sn, H, 1.0f, tmp);
       const float* v = a->v + t * a->kv_stride + j * int64_t(H);
-      for (size_t i = 0; i < H; i += N) {
+      for (size_t i = 0; i < H; i += NL) {
         StoreKV<kKV>(d, hn::LoadU(d, tmp + i), a->k_cache, dst + i);
         StoreKV<kKV>(d, hn::LoadU(d, v + i), a->v_cache, dst + i);  // V raw
       }
@@ -278,26 +270,26 @@ HWY_INLINE const void* CleanValues(const g3_core_args* a, size_t s0, size_t nk, 
 // chunk runs over all nk keys.
 template <size_t R, size_t C, int kKV, class D>
 HWY_INLINE void PVTile(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
-  const size_t N = hn::Lanes(d);
+  const size_t NL = hn::Lanes(d);
   size_t h = 0;
-  for (; h + C * N <= H; h += C * N) {
+  for (; h + C * NL <= H; h += C * NL) {
     hn::Vec<D> acc[R][C];
     for (size_t r = 0; r < R; ++r) {
       const auto c = hn::Set(d, corr[r]);
-      for (size_t j = 0; j < C; ++j) acc[r][j] = hn::Mul(hn::LoadU(d, O + r * H + h + j * N), c);
+      for (size_t j = 0; j < C; ++j) acc[r][j] = hn::Mul(hn::LoadU(d, O + r * H + h + j * NL), c);
     }
     for (size_t s = 0; s < nk; ++s) {
       hn::Vec<D> v[C];
-      for (size_t j = 0; j < C; ++j) v[j] = LoadKV<kKV>(d, V, s * H + h + j * N);
+      for (size_t j = 0; j < C; ++j) v[j] = LoadKV<kKV>(d, V, s * H + h + j * NL);
       for (size_t r = 0; r < R; ++r) {
         const auto p = hn::Set(d, P[r * kBk + s]);
         for (size_t j = 0; j < C; ++j) acc[r][j] = hn::MulAdd(p, v[j], acc[r][j]);
       }
     }
     for (size_t r = 0; r < R; ++r)
-      for (size_t j = 0; j < C; ++j) hn::StoreU(acc[r][j], d, O + r * H + h + j * N);
+      for (size_t j = 0; j < C; ++j) hn::StoreU(acc[r][j], d, O + r * H + h + j * NL);
   }
-  for (; h < H; h += N) {  // head_dim not a multiple of C vectors
+  for (; h < H; h += NL) {  // head_dim not a multiple of C vectors
     hn::Vec<D> a0[R];
     for (size_t r = 0; r < R; ++r) a0[r] = hn::Mul(hn::LoadU(d, O + r * H + h), hn::Set(d, corr[r]));
     for (size_t s = 0; s < nk; ++s) {
@@ -308,14 +300,14 @@ HWY_INLINE void PVTile(D d, const float* P, const float* corr, const void* V, si
   }
 }
 
-// Logits of R rows against one transposed key tile: S[r][s] = sum_h
+// Logits of R rows against one transposed key tile: logits[r][s] = sum_h
 // Qt[h][r] * Kt[h][s] (SPEC 1.3 step E). A register tile of R rows x 2
 // vectors of keys; each step loads two key vectors and broadcasts R query
 // elements, so K comes from L1/L2 once per R rows.
 template <size_t R, class DK>
-HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float* S) {
-  const size_t N = hn::Lanes(dk);
-  for (size_t j = 0; j < kBk; j += 2 * N) {
+HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float* logits) {
+  const size_t NL = hn::Lanes(dk);
+  for (size_t j = 0; j < kBk; j += 2 * NL) {
     // One 2-D accumulator array (not one array per key vector) keeps GCC
     // from splitting the loop in two, which would broadcast each query
     // element twice.
@@ -324,7 +316,7 @@ HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float*
     const float* kt = Kt + j;
     const float* qt = Qt;
     for (size_t h = 0; h < H; ++h, kt += kBk, qt += R) {
-      const auto k0 = hn::Load(dk, kt), k1 = hn::Load(dk, kt + N);
+      const auto k0 = hn::Load(dk, kt), k1 = hn::Load(dk, kt + NL);
       for (size_t r = 0; r < R; ++r) {
         const auto q = hn::Set(dk, qt[r]);
         acc[r][0] = hn::MulAdd(q, k0, acc[r][0]);
@@ -332,8 +324,8 @@ HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float*
       }
     }
     for (size_t r = 0; r < R; ++r) {
-      hn::Store(acc[r][0], dk, S + r * kBk + j);
-      hn::Store(acc[r][1], dk, S + r * kBk + j + N);
+      hn::Store(acc[r][0], dk, logits + r * kBk + j);
+      hn::Store(acc[r][1], dk, logits + r * kBk + j + NL);
     }
   }
 }
@@ -364,12 +356,12 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
   constexpr size_t R = kRows;
-  static thread_local Scratch scratch;
+  static thread_local Scratch<float> scratch;
   const size_t nmicro_max = kMacroRows / R;
   // Vf: the value tile when it cannot be read in place (bf16 widened to f32,
   // or invalid slots to be zeroed).
   const size_t off_kt = 0, off_vf = off_kt + H * kBk, off_qt = off_vf + H * kBk;
-  const size_t off_o = off_qt + kMacroRows * H, off_s = off_o + kMacroRows * H, off_m = off_s + R * kBk;
+  const size_t off_o = off_qt + kMacroRows * H, off_logits = off_o + kMacroRows * H, off_m = off_logits + R * kBk;
   const size_t off_l = off_m + kMacroRows, off_c = off_l + kMacroRows, off_kp = off_c + R,
                off_kv = off_kp + kBk, total = off_kv + kBk;
   float* base = scratch.Get(total);
@@ -377,7 +369,7 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
   float* Vf = base + off_vf;
   float* Qt = base + off_qt;
   float* O = base + off_o;
-  float* S = base + off_s;
+  float* logits = base + off_logits;
   float* m = base + off_m;
   float* l = base + off_l;
   float* corr = base + off_c;
@@ -459,9 +451,9 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
       for (size_t u = 0; u < nmicro; ++u) {
         const int c = g3_classify(&info[k], &micro[u]);
         if (c == G3_TILE_SKIP) continue;
-        QKTile<R>(dk, Qt + u * H * R, Kt, H, S);
-        SoftmaxTile(dk, R, kBk, S, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
-        PVTile<R, 2, G3_DTYPE_F32>(d, S, corr, Vt, nk, H, O + u * R * H);
+        QKTile<R>(dk, Qt + u * H * R, Kt, H, logits);
+        SoftmaxTile(dk, R, kBk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
+        PVTile<R, 2, G3_DTYPE_F32>(d, logits, corr, Vt, nk, H, O + u * R * H);
       }
     }
     for (size_t i = 0; i < nrows; ++i)
@@ -476,28 +468,28 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
 // stream. Consecutive keys are independent, so out-of-order execution
 // overlaps their FMA chains.
 template <size_t NR, int kKV, class D>
-HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* K, size_t s0, size_t nk, size_t width,
-                             size_t H, float* S) {
-  const size_t N = hn::Lanes(d);
+HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_t s0, size_t nk, size_t width,
+                             size_t H, float* logits) {
+  const size_t NL = hn::Lanes(d);
   for (size_t s = 0; s < nk; ++s) {
     hn::Vec<D> acc[NR][2];
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
     size_t h = 0;
-    for (; h + 2 * N <= H; h += 2 * N) {
-      const auto k0 = LoadKV<kKV>(d, K, (s0 + s) * H + h), k1 = LoadKV<kKV>(d, K, (s0 + s) * H + h + N);
+    for (; h + 2 * NL <= H; h += 2 * NL) {
+      const auto k0 = LoadKV<kKV>(d, keys, (s0 + s) * H + h), k1 = LoadKV<kKV>(d, keys, (s0 + s) * H + h + NL);
       for (size_t r = 0; r < NR; ++r) {
         acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
-        acc[r][1] = hn::MulAdd(hn::LoadU(d, q[r] + h + N), k1, acc[r][1]);
+        acc[r][1] = hn::MulAdd(hn::LoadU(d, q[r] + h + NL), k1, acc[r][1]);
       }
     }
-    for (; h < H; h += N) {
-      const auto k0 = LoadKV<kKV>(d, K, (s0 + s) * H + h);
+    for (; h < H; h += NL) {
+      const auto k0 = LoadKV<kKV>(d, keys, (s0 + s) * H + h);
       for (size_t r = 0; r < NR; ++r) acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
     }
-    for (size_t r = 0; r < NR; ++r) S[r * kBk + s] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[r][0], acc[r][1])));
+    for (size_t r = 0; r < NR; ++r) logits[r * kBk + s] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[r][0], acc[r][1])));
   }
   for (size_t r = 0; r < NR; ++r)
-    for (size_t j = nk; j < width; ++j) S[r * kBk + j] = 0.0f;  // masked later (invalid padding)
+    for (size_t j = nk; j < width; ++j) logits[r * kBk + j] = 0.0f;  // masked later (invalid padding)
 }
 
 // Decode P.V (SPEC 1.3 step I): O[r] = O[r] * corr[r] + sum_s P[r][s] V[s],
@@ -505,11 +497,11 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* K, size_t s
 // stay in L1.
 template <size_t NR, int kKV, class D>
 HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
-  const size_t N = hn::Lanes(d);
+  const size_t NL = hn::Lanes(d);
   for (size_t r = 0; r < NR; ++r) {
     if (corr[r] == 1.0f) continue;
     const auto c = hn::Set(d, corr[r]);
-    for (size_t h = 0; h < H; h += N) hn::StoreU(hn::Mul(hn::LoadU(d, O + r * H + h), c), d, O + r * H + h);
+    for (size_t h = 0; h < H; h += NL) hn::StoreU(hn::Mul(hn::LoadU(d, O + r * H + h), c), d, O + r * H + h);
   }
   size_t s = 0;
   // Four keys per pass over O: a quarter of the O loads and stores, and the
@@ -518,7 +510,7 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
     hn::Vec<D> p[NR][4];
     for (size_t r = 0; r < NR; ++r)
       for (size_t j = 0; j < 4; ++j) p[r][j] = hn::Set(d, P[r * kBk + s + j]);
-    for (size_t h = 0; h < H; h += N) {
+    for (size_t h = 0; h < H; h += NL) {
       hn::Vec<D> v[4];
       for (size_t j = 0; j < 4; ++j) v[j] = LoadKV<kKV>(d, V, (s + j) * H + h);
       for (size_t r = 0; r < NR; ++r) {
@@ -531,7 +523,7 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
   for (; s < nk; ++s) {
     hn::Vec<D> p[NR];
     for (size_t r = 0; r < NR; ++r) p[r] = hn::Set(d, P[r * kBk + s]);
-    for (size_t h = 0; h < H; h += N) {
+    for (size_t h = 0; h < H; h += NL) {
       const auto v = LoadKV<kKV>(d, V, s * H + h);
       for (size_t r = 0; r < NR; ++r) hn::StoreU(hn::MulAdd(p[r], v, hn::LoadU(d, O + r * H + h)), d, O + r * H + h);
     }
@@ -543,11 +535,11 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
                                   size_t ntiles) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
-  static thread_local Scratch scratch;
+  static thread_local Scratch<float> scratch;
   constexpr size_t kDk = 16;  // keys per sub-block (below); a multiple of every target's lane count
   float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk + kDk * H);
-  float* S = O + NR * H;
-  int32_t* kp = reinterpret_cast<int32_t*>(S + NR * kBk);
+  float* logits = O + NR * H;
+  int32_t* kp = reinterpret_cast<int32_t*>(logits + NR * kBk);
   int32_t* kv = kp + kBk;
   float* Vclean = reinterpret_cast<float*>(kv + kBk);
   RowIO io[NR];
@@ -589,12 +581,12 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
           hwy::Prefetch(vb + off);
         }
       }
-      DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, S);
-      SoftmaxTile(dk, NR, kDk, S, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
+      DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, logits);
+      SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
                                                              s0 * H * (kKV == G3_DTYPE_F32 ? 4 : 2))
                                   : CleanValues<kKV>(a, s0, nk, H, Vclean);
-      DecodePV<NR, kKV>(d, S, corr, V, nk, H, O);
+      DecodePV<NR, kKV>(d, logits, corr, V, nk, H, O);
     }
   }
   for (size_t r = 0; r < NR; ++r)
@@ -625,7 +617,7 @@ HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
     }
     return;
   }
-  static thread_local Scratch scratch;
+  static thread_local Scratch<float> scratch;
   const size_t ntiles = (size_t(a->S) + kBk - 1) / kBk;
   g3_tile_info* info =
       reinterpret_cast<g3_tile_info*>(scratch.Get(ntiles * (sizeof(g3_tile_info) / sizeof(float) + 1)));

@@ -30,10 +30,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include <hwy/aligned_allocator.h>  // not pulled in by highway.h in 1.0.3
 #include <hwy/highway.h>
 
 #include "kernel_contract.h"
+#include "scratch.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace g3 {
@@ -100,20 +100,6 @@ constexpr size_t kMC = kMR * std::max<size_t>(1, G3_PROJ_MC_ROWS / kMR);
 #define G3_PROJ_GEMV_MAX_ROWS 16
 #endif
 constexpr size_t kGemvMaxRows = G3_PROJ_GEMV_MAX_ROWS;
-
-// Per-thread scratch that grows and is reused: packing must not call malloc
-// on every projection of a decode step.
-struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> p{nullptr, hwy::AlignedFreer()};
-  size_t n = 0;
-  float* Get(size_t need) {
-    if (need > n) {
-      p = hwy::AllocateAligned<float>(need);
-      n = need;
-    }
-    return p.get();
-  }
-};
 
 // Loads kLanes bf16 values (the upper halves of f32 values) as f32. The bf16
 // tag is derived from the f32 one by Rebind (same lane count), and the
@@ -241,7 +227,9 @@ inline void GemmBlocked(const g3_gemm_args& g) {
   const size_t p_end = (static_cast<size_t>(g.n_end) + G3_PANEL - 1) / G3_PANEL;
   const bool bf16 = g.w_dtype == G3_DTYPE_BF16;
 
-  thread_local Scratch a_scratch, w_scratch;
+  // Per thread and grown on demand (scratch.h): packing must not call malloc
+  // on every projection of a decode step.
+  thread_local Scratch<float> a_scratch, w_scratch;
   const size_t mc_max = std::min(kMC, (M + kMR - 1) / kMR * kMR);
   float* HWY_RESTRICT apack = a_scratch.Get(mc_max * std::min(kKC, K));
   // f32 weights with a single slice per panel are used in place; everything
@@ -452,7 +440,7 @@ inline void RmsNorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, c
                     const float* residual, float* y, int64_t y_stride) {
   const DF df;
   using V = hn::Vec<DF>;
-  const size_t N = n > 0 ? static_cast<size_t>(n) : 0;
+  const size_t cols = n > 0 ? static_cast<size_t>(n) : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * x_stride;
     float* yr = y + r * y_stride;
@@ -460,7 +448,7 @@ inline void RmsNorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, c
 
     V s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
     size_t i = 0;
-    for (; i + 4 * kLanes <= N; i += 4 * kLanes) {
+    for (; i + 4 * kLanes <= cols; i += 4 * kLanes) {
       const V v0 = hn::LoadU(df, xr + i), v1 = hn::LoadU(df, xr + i + kLanes);
       const V v2 = hn::LoadU(df, xr + i + 2 * kLanes), v3 = hn::LoadU(df, xr + i + 3 * kLanes);
       s0 = hn::MulAdd(v0, v0, s0);
@@ -468,7 +456,7 @@ inline void RmsNorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, c
       s2 = hn::MulAdd(v2, v2, s2);
       s3 = hn::MulAdd(v3, v3, s3);
     }
-    for (; i + kLanes <= N; i += kLanes) {
+    for (; i + kLanes <= cols; i += kLanes) {
       const V v0 = hn::LoadU(df, xr + i);
       s0 = hn::MulAdd(v0, v0, s0);
     }
@@ -479,17 +467,17 @@ inline void RmsNorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, c
     hn::Store(s3, df, lanes + 3 * kLanes);
     double ss = 0.0;
     for (size_t j = 0; j < 4 * kLanes; ++j) ss += lanes[j];
-    for (; i < N; ++i) ss += double(xr[i]) * xr[i];
-    const float inv = N ? static_cast<float>(1.0 / std::sqrt(ss / double(N) + double(eps))) : 0.0f;
+    for (; i < cols; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = cols ? static_cast<float>(1.0 / std::sqrt(ss / double(cols) + double(eps))) : 0.0f;
 
     const V vinv = hn::Set(df, inv), one = hn::Set(df, 1.0f);
     i = 0;
-    for (; i + kLanes <= N; i += kLanes) {
+    for (; i + kLanes <= cols; i += kLanes) {
       V o = hn::Mul(hn::Mul(hn::LoadU(df, xr + i), vinv), hn::Add(one, hn::LoadU(df, w + i)));
       if (rr) o = hn::Add(o, hn::LoadU(df, rr + i));
       hn::StoreU(o, df, yr + i);
     }
-    for (; i < N; ++i) {
+    for (; i < cols; ++i) {
       float o = xr[i] * inv * (1.0f + w[i]);
       if (rr) o += rr[i];
       yr[i] = o;

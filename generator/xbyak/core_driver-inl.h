@@ -32,30 +32,15 @@ G3X_INLINE void to_bf16_pairs(const float* x, uint16_t* dst, int n) {
 #endif
 }
 
-// Per-thread buffers, grown on demand and reused across calls.
-template <typename T>
-struct Buf {
-  T* p = nullptr;
-  size_t n = 0;
-  ~Buf() { std::free(p); }
-  T* get(size_t want) {
-    if (want > n) {
-      std::free(p);
-      size_t bytes = ((want * sizeof(T) + 63) / 64) * 64;
-      p = static_cast<T*>(std::aligned_alloc(64, bytes));
-      if (!p) throw std::bad_alloc();
-      n = want;
-    }
-    return p;
-  }
-};
-
-struct Scratch {
-  Buf<uint32_t> q, kt, vp, kpad, vpad;
-  Buf<float> s, o, m, l, corr;
-  Buf<uint16_t> pb;
-  Buf<int32_t> kp, kv;
-  Buf<g3_row_bounds> rb;
+// The tile loop's buffers, per thread, grown on demand and reused across
+// calls (templates/scratch.h, included by core_driver.cc outside the target
+// regions).
+struct Buffers {
+  Scratch<uint32_t> q, kt, vp, kpad, vpad;
+  Scratch<float> s, o, m, l, corr;
+  Scratch<uint16_t> pb;
+  Scratch<int32_t> kp, kv;
+  Scratch<g3_row_bounds> rb;
   std::vector<uint8_t> kt_done, vp_done;
   std::vector<g3_tile_info> blocks;
   std::vector<g3_row_bounds> rows;
@@ -175,7 +160,7 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   const int64_t T = a->T, S = a->S, dh = c.head_dim, G = c.group;
   const int kb = c.kb, depth = c.qk_depth();
   if (T <= 0) return;
-  static thread_local Scratch sc;
+  static thread_local Buffers sc;
 
   // Key blocks summarised (mask_rule.h), so a whole block can be classified
   // against a query tile in O(1).
@@ -195,27 +180,27 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   const size_t kt_block = size_t(c.kb / c.tk) * depth * c.tk;
   const size_t vp_block = size_t(kb / 2) * dh;
   const bool keep = ntiles > 1 && (kt_block + (c.bf16_dot ? vp_block : 0)) * 4 * size_t(nblocks) <= (size_t(32) << 20);
-  uint32_t* kt_all = sc.kt.get(keep ? kt_block * nblocks : kt_block);
-  uint32_t* vp_all = c.bf16_dot ? sc.vp.get(keep ? vp_block * nblocks : vp_block) : nullptr;
+  uint32_t* kt_all = sc.kt.Get(keep ? kt_block * nblocks : kt_block);
+  uint32_t* vp_all = c.bf16_dot ? sc.vp.Get(keep ? vp_block * nblocks : vp_block) : nullptr;
   if (keep) {
     sc.kt_done.assign(size_t(nblocks), 0);
     sc.vp_done.assign(size_t(nblocks), 0);
   }
 
   const int64_t Rmax = Tq * G;
-  uint32_t* qs = sc.q.get(size_t(Rmax * depth));
-  float* s = sc.s.get(size_t(Rmax * kb));  // logits, then probabilities in place
-  uint16_t* pb = sc.pb.get(size_t(Rmax * kb));
-  float* o = sc.o.get(size_t(Rmax * dh));
-  float* m = sc.m.get(size_t(Rmax));
-  float* l = sc.l.get(size_t(Rmax));
-  float* corr = sc.corr.get(size_t(Rmax));
-  int32_t* kp = sc.kp.get(size_t(kb));
-  int32_t* kv = sc.kv.get(size_t(kb));
-  g3_row_bounds* rb = sc.rb.get(size_t(Rmax));
+  uint32_t* qs = sc.q.Get(size_t(Rmax * depth));
+  float* s = sc.s.Get(size_t(Rmax * kb));  // logits, then probabilities in place
+  uint16_t* pb = sc.pb.Get(size_t(Rmax * kb));
+  float* o = sc.o.Get(size_t(Rmax * dh));
+  float* m = sc.m.Get(size_t(Rmax));
+  float* l = sc.l.Get(size_t(Rmax));
+  float* corr = sc.corr.Get(size_t(Rmax));
+  int32_t* kp = sc.kp.Get(size_t(kb));
+  int32_t* kv = sc.kv.Get(size_t(kb));
+  g3_row_bounds* rb = sc.rb.Get(size_t(Rmax));
   const size_t esz = c.bf16_kv ? 2 : 4;
-  void* kpad = sc.kpad.get(size_t(kb * dh));
-  void* vpad = sc.vpad.get(size_t(kb * dh));
+  void* kpad = sc.kpad.Get(size_t(kb * dh));
+  void* vpad = sc.vpad.Get(size_t(kb * dh));
   const FlashOps& fo = *ctx->flash;
 
   for (int64_t t0 = 0; t0 < T; t0 += Tq) {

@@ -17,6 +17,9 @@
 // but it must compile) rounds with the project's one scalar f32_to_bf16.
 #include "generator/bf16.h"
 #include "generator/xbyak/xbyak_core.h"
+// The per-thread buffers of the tile loop; included here, before the target
+// regions, so the buffer code is compiled for the baseline ISA only once.
+#include "templates/scratch.h"
 
 namespace g3::xbyak {
 
