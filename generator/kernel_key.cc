@@ -24,8 +24,11 @@ std::string KernelKey::str() const {
   std::string s = "dh" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_";
   s += window > 0 ? "local" + std::to_string(window) : std::string("global");
   s += "_b" + num(rope_base) + "_s" + num(rope_scale) + "_a" + num(alpha);
-  s += std::string("_kv") + to_string(kv_dtype) + "_w" + to_string(weight_dtype);
+  s += std::string("_kv") + to_string(kv_dtype);
   if (compute == DType::BF16) s += "_cbf16";
+  // Last, because attention kernels do not depend on it (the Highway
+  // generator strips it from the keys it generates).
+  s += std::string("_w") + to_string(weight_dtype);
   return s;
 }
 

@@ -29,8 +29,9 @@ struct KernelKey {
   DType compute = DType::F32;
 
   // Stable and readable, e.g. "dh256_g4_local512_b10000_s1_a0.0625_kvf32_wbf16"
-  // ("global" instead of "local<W>" on global layers; "_cbf16" appended in
-  // the bf16 compute mode, so f32-mode keys read as they always did). The numbers are
+  // ("global" instead of "local<W>" on global layers; "_cbf16" before the
+  // weight dtype in the bf16 compute mode, so f32-mode keys read as they
+  // always did). The numbers are
   // printed with "%.9g": nine significant digits give back every float
   // exactly, so alpha round-trips, but rope base and scale are doubles, so
   // two of them that differ only past the ninth digit print alike. The

@@ -35,6 +35,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "bf16-inl.h"
 #include "kernel_contract.h"
 #include "mask_rule.h"
 #include "scratch.h"
@@ -75,11 +76,14 @@ HWY_INLINE size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 // KV element access. kKV is G3_DTYPE_F32 or G3_DTYPE_BF16.
 
 // Lanes(d) elements starting at element i, as f32 (bf16 is the upper half of
-// an f32, so widening is a zero-extend and a shift).
-template <int kKV, class D>
+// an f32, so widening is a zero-extend and a shift). kRound: rounded to bf16
+// as the bf16 compute mode's dot products see them (exact for bf16 K/V).
+template <int kKV, bool kRound = false, class D>
 HWY_INLINE hn::Vec<D> LoadKV(D d, const void* base, size_t i) {
   if constexpr (kKV == G3_DTYPE_F32) {
-    return hn::LoadU(d, static_cast<const float*>(base) + i);
+    const auto v = hn::LoadU(d, static_cast<const float*>(base) + i);
+    if constexpr (kRound) return bf16::Round(d, v);
+    return v;
   } else {
     const hn::Rebind<uint16_t, D> d16;
     const hn::Rebind<uint32_t, D> d32;
@@ -88,31 +92,12 @@ HWY_INLINE hn::Vec<D> LoadKV(D d, const void* base, size_t i) {
   }
 }
 
-// Stores Lanes(d) floats as bf16, rounding to nearest even; NaN stays a quiet
-// NaN. Same rule as the reference's f32_to_bf16.
-template <class D>
-HWY_INLINE void StoreBF16(D d, hn::Vec<D> v, uint16_t* p) {
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<uint16_t, D> d16;
-  const auto u = hn::BitCast(di, v);
-  const auto hi = hn::And(hn::ShiftRight<16>(u), hn::Set(di, 0xffff));
-  const auto lsb = hn::And(hi, hn::Set(di, 1));
-  // Unsigned add done in signed lanes: wrap-around is what we want, and the
-  // logical shift afterwards is emulated by the mask.
-  const auto sum = hn::BitCast(di, hn::Add(hn::BitCast(hn::RebindToUnsigned<D>(), u),
-                                           hn::BitCast(hn::RebindToUnsigned<D>(), hn::Add(hn::Set(di, 0x7fff), lsb))));
-  auto r = hn::And(hn::ShiftRight<16>(sum), hn::Set(di, 0xffff));
-  const auto is_nan = hn::Gt(hn::And(u, hn::Set(di, 0x7fffffff)), hn::Set(di, 0x7f800000));
-  r = hn::IfThenElse(is_nan, hn::Or(hi, hn::Set(di, 0x40)), r);
-  hn::StoreU(hn::DemoteTo(d16, r), d16, p);
-}
-
 template <int kKV, class D>
 HWY_INLINE void StoreKV(D d, hn::Vec<D> v, void* base, size_t i) {
   if constexpr (kKV == G3_DTYPE_F32) {
     hn::StoreU(v, d, static_cast<float*>(base) + i);
   } else {
-    StoreBF16(d, v, static_cast<uint16_t*>(base) + i);
+    bf16::Store(d, v, static_cast<uint16_t*>(base) + i);
   }
 }
 
@@ -351,7 +336,9 @@ HWY_INLINE RowIO RowAt(const g3_core_args* a, size_t i) {
 // Prefill: blocks of kMacroRows rows; for each key tile that some row of the
 // block may see, the tile is widened to f32 and transposed once ([H][kBk]),
 // then every register tile of kRows rows runs QK -> softmax -> PV on it.
-template <int kDH, int kG, int kKV, class D>
+// kBC: the bf16 compute mode (kernel_contract.h): q, K, p and V rounded to
+// bf16 where they are staged for the products; f32 accumulation as ever.
+template <int kDH, int kG, int kKV, bool kBC, class D>
 HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_tile_info* info, size_t ntiles) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
@@ -405,6 +392,7 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
       micro[u] = rs;
       g3_row_set_merge(&all, &rs);
     }
+    if constexpr (kBC) bf16::RoundInPlace(d, Qt, nmicro * H * R);
     memset(O, 0, nmicro * R * H * sizeof(float));
 
     for (size_t k = 0; k < ntiles; ++k) {
@@ -432,9 +420,11 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
           for (size_t s = nb; s < 16; ++s) dst[s] = 0.0f;
         }
       }
-      // Values: f32 are read in place when every slot is valid; bf16 are
-      // widened once per tile here rather than once per register tile;
-      // invalid slots are zeroed either way (CleanValues).
+      if constexpr (kBC && kKV == G3_DTYPE_F32) bf16::RoundInPlace(d, Kt, H * kBk);
+      // Values: f32 are read in place when every slot is valid (and the
+      // compute mode is f32); bf16 are widened once per tile here rather than
+      // once per register tile; invalid slots are zeroed either way
+      // (CleanValues).
       const float* Vt = static_cast<const float*>(a->v) + s0 * H;
       if constexpr (kKV == G3_DTYPE_BF16) {
         const uint16_t* vb = static_cast<const uint16_t*>(a->v) + s0 * H;
@@ -444,6 +434,11 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
             hn::Store(ok ? LoadKV<G3_DTYPE_BF16>(d, vb, s * H + h) : hn::Zero(d), d, Vf + s * H + h);
         }
         Vt = Vf;
+      } else if (kBC) {
+        const void* clean = CleanValues<G3_DTYPE_F32>(a, s0, nk, H, Vf);
+        if (clean != Vf) memcpy(Vf, clean, nk * H * sizeof(float));
+        bf16::RoundInPlace(d, Vf, nk * H);
+        Vt = Vf;
       } else if (!info[k].all) {
         Vt = static_cast<const float*>(CleanValues<G3_DTYPE_F32>(a, s0, nk, H, Vf));
       }
@@ -452,7 +447,10 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
         const int c = g3_classify(&info[k], &micro[u]);
         if (c == G3_TILE_SKIP) continue;
         QKTile<R>(dk, Qt + u * H * R, Kt, H, logits);
-        SoftmaxTile(dk, R, kBk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R, l + u * R, corr);
+        SoftmaxTile(dk, R, kBk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R,
+                    l + u * R, corr);
+        // The weights enter P.V rounded; l was summed from them unrounded.
+        if constexpr (kBC) bf16::RoundInPlace(dk, logits, R * kBk);
         PVTile<R, 2, G3_DTYPE_F32>(d, logits, corr, Vt, nk, H, O + u * R * H);
       }
     }
@@ -467,7 +465,7 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_
 // is what the hardware prefetcher follows best on a long bandwidth-bound
 // stream. Consecutive keys are independent, so out-of-order execution
 // overlaps their FMA chains.
-template <size_t NR, int kKV, class D>
+template <size_t NR, int kKV, bool kBC, class D>
 HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_t s0, size_t nk, size_t width,
                              size_t H, float* logits) {
   const size_t NL = hn::Lanes(d);
@@ -476,14 +474,15 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
     size_t h = 0;
     for (; h + 2 * NL <= H; h += 2 * NL) {
-      const auto k0 = LoadKV<kKV>(d, keys, (s0 + s) * H + h), k1 = LoadKV<kKV>(d, keys, (s0 + s) * H + h + NL);
+      const auto k0 = LoadKV<kKV, kBC>(d, keys, (s0 + s) * H + h);
+      const auto k1 = LoadKV<kKV, kBC>(d, keys, (s0 + s) * H + h + NL);
       for (size_t r = 0; r < NR; ++r) {
         acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
         acc[r][1] = hn::MulAdd(hn::LoadU(d, q[r] + h + NL), k1, acc[r][1]);
       }
     }
     for (; h < H; h += NL) {
-      const auto k0 = LoadKV<kKV>(d, keys, (s0 + s) * H + h);
+      const auto k0 = LoadKV<kKV, kBC>(d, keys, (s0 + s) * H + h);
       for (size_t r = 0; r < NR; ++r) acc[r][0] = hn::MulAdd(hn::LoadU(d, q[r] + h), k0, acc[r][0]);
     }
     for (size_t r = 0; r < NR; ++r) logits[r * kBk + s] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[r][0], acc[r][1])));
@@ -495,7 +494,7 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
 // Decode P.V (SPEC 1.3 step I): O[r] = O[r] * corr[r] + sum_s P[r][s] V[s],
 // V rows read in order, each once; the NR running outputs (NR x H floats)
 // stay in L1.
-template <size_t NR, int kKV, class D>
+template <size_t NR, int kKV, bool kBC, class D>
 HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
   const size_t NL = hn::Lanes(d);
   for (size_t r = 0; r < NR; ++r) {
@@ -512,7 +511,7 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
       for (size_t j = 0; j < 4; ++j) p[r][j] = hn::Set(d, P[r * kBk + s + j]);
     for (size_t h = 0; h < H; h += NL) {
       hn::Vec<D> v[4];
-      for (size_t j = 0; j < 4; ++j) v[j] = LoadKV<kKV>(d, V, (s + j) * H + h);
+      for (size_t j = 0; j < 4; ++j) v[j] = LoadKV<kKV, kBC>(d, V, (s + j) * H + h);
       for (size_t r = 0; r < NR; ++r) {
         auto o = hn::LoadU(d, O + r * H + h);
         for (size_t j = 0; j < 4; ++j) o = hn::MulAdd(p[r][j], v[j], o);
@@ -524,24 +523,25 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
     hn::Vec<D> p[NR];
     for (size_t r = 0; r < NR; ++r) p[r] = hn::Set(d, P[r * kBk + s]);
     for (size_t h = 0; h < H; h += NL) {
-      const auto v = LoadKV<kKV>(d, V, s * H + h);
+      const auto v = LoadKV<kKV, kBC>(d, V, s * H + h);
       for (size_t r = 0; r < NR; ++r) hn::StoreU(hn::MulAdd(p[r], v, hn::LoadU(d, O + r * H + h)), d, O + r * H + h);
     }
   }
 }
 
-template <size_t NR, int kDH, int kG, int kKV, class D>
+template <size_t NR, int kDH, int kG, int kKV, bool kBC, class D>
 HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const g3_tile_info* info,
                                   size_t ntiles) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
   static thread_local Scratch<float> scratch;
   constexpr size_t kDk = 16;  // keys per sub-block (below); a multiple of every target's lane count
-  float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk + kDk * H);
+  float* O = scratch.Get(NR * H + NR * kBk + 2 * kBk + kDk * H + (kBC ? NR * H : 0));
   float* logits = O + NR * H;
   int32_t* kp = reinterpret_cast<int32_t*>(logits + NR * kBk);
   int32_t* kv = kp + kBk;
   float* Vclean = reinterpret_cast<float*>(kv + kBk);
+  float* qround = Vclean + kDk * H;  // kBC: the rows' queries rounded to bf16
   RowIO io[NR];
   g3_row_bounds rb[NR];
   const float* q[NR];
@@ -551,6 +551,11 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
     io[r] = RowAt<kG>(a, row0 + r);
     rb[r] = io[r].b;
     q[r] = io[r].q;
+    if constexpr (kBC) {
+      memcpy(qround + r * H, io[r].q, H * sizeof(float));
+      bf16::RoundInPlace(d, qround + r * H, H);
+      q[r] = qround + r * H;
+    }
     m[r] = kNegBig;
     l[r] = 0.0f;
     g3_row_set_add(&rs, rb[r]);
@@ -581,31 +586,33 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
           hwy::Prefetch(vb + off);
         }
       }
-      DecodeLogits<NR, kKV>(d, q, a->k, s0, nk, kDk, H, logits);
+      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits);
       SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
+      if constexpr (kBC)
+        for (size_t r = 0; r < NR; ++r) bf16::RoundInPlace(dk, logits + r * kBk, kDk);
       const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
                                                              s0 * H * (kKV == G3_DTYPE_F32 ? 4 : 2))
                                   : CleanValues<kKV>(a, s0, nk, H, Vclean);
-      DecodePV<NR, kKV>(d, logits, corr, V, nk, H, O);
+      DecodePV<NR, kKV, kBC>(d, logits, corr, V, nk, H, O);
     }
   }
   for (size_t r = 0; r < NR; ++r)
     FinishRow(d, O + r * H, m[r], l[r], H, io[r].out, a->lse ? a->lse + (row0 + r) : nullptr);
 }
 
-template <int kDH, int kG, int kKV, class D>
+template <int kDH, int kG, int kKV, bool kBC, class D>
 HWY_INLINE void CoreDecode(D d, const g3_core_args* a, size_t rows, const g3_tile_info* info, size_t ntiles) {
   size_t r = 0;
-  for (; r + 4 <= rows; r += 4) CoreDecodeGroup<4, kDH, kG, kKV>(d, a, r, info, ntiles);
+  for (; r + 4 <= rows; r += 4) CoreDecodeGroup<4, kDH, kG, kKV, kBC>(d, a, r, info, ntiles);
   switch (rows - r) {
-    case 3: CoreDecodeGroup<3, kDH, kG, kKV>(d, a, r, info, ntiles); break;
-    case 2: CoreDecodeGroup<2, kDH, kG, kKV>(d, a, r, info, ntiles); break;
-    case 1: CoreDecodeGroup<1, kDH, kG, kKV>(d, a, r, info, ntiles); break;
+    case 3: CoreDecodeGroup<3, kDH, kG, kKV, kBC>(d, a, r, info, ntiles); break;
+    case 2: CoreDecodeGroup<2, kDH, kG, kKV, kBC>(d, a, r, info, ntiles); break;
+    case 1: CoreDecodeGroup<1, kDH, kG, kKV, kBC>(d, a, r, info, ntiles); break;
     default: break;
   }
 }
 
-template <int kDH, int kG, int kKV, class D>
+template <int kDH, int kG, int kKV, bool kBC, class D>
 HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
   const size_t G = kG ? size_t(kG) : size_t(a->group);
   const size_t rows = size_t(a->T) * G;
@@ -623,34 +630,42 @@ HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
       reinterpret_cast<g3_tile_info*>(scratch.Get(ntiles * (sizeof(g3_tile_info) / sizeof(float) + 1)));
   for (size_t k = 0; k < ntiles; ++k) info[k] = g3_tile_info_of(a, int64_t(k * kBk), int64_t(kBk));
   if (rows <= kDecodeRows) {
-    CoreDecode<kDH, kG, kKV>(d, a, rows, info, ntiles);
+    CoreDecode<kDH, kG, kKV, kBC>(d, a, rows, info, ntiles);
   } else {
-    CorePrefill<kDH, kG, kKV>(d, a, rows, info, ntiles);
+    CorePrefill<kDH, kG, kKV, kBC>(d, a, rows, info, ntiles);
   }
 }
 
 // Entry for the per-key instances. kDH: 0 = runtime head_dim; kG: 0 =
-// runtime group; kKV: -1 = runtime KV dtype. The window is always read from
+// runtime group; kKV: -1 = runtime KV dtype; kCompute: -1 = runtime compute
+// mode (G3_COMPUTE_F32 / G3_COMPUTE_BF16). The window is always read from
 // the args: it only enters tile classification and mask bounds, where a
 // constant buys nothing.
-template <int kDH, int kG, int kKV>
+template <int kDH, int kG, int kKV, int kCompute>
 HWY_INLINE void Core(const g3_core_args* a) {
   if constexpr (kKV < 0) {
     if (a->kv_dtype == G3_DTYPE_BF16) {
-      Core<kDH, kG, G3_DTYPE_BF16>(a);
+      Core<kDH, kG, G3_DTYPE_BF16, kCompute>(a);
     } else {
-      Core<kDH, kG, G3_DTYPE_F32>(a);
+      Core<kDH, kG, G3_DTYPE_F32, kCompute>(a);
+    }
+  } else if constexpr (kCompute < 0) {
+    if (a->compute == G3_COMPUTE_BF16) {
+      Core<kDH, kG, kKV, G3_COMPUTE_BF16>(a);
+    } else {
+      Core<kDH, kG, kKV, G3_COMPUTE_F32>(a);
     }
   } else {
+    constexpr bool kBC = kCompute == G3_COMPUTE_BF16;
     const hn::ScalableTag<float> df;
     if constexpr (kDH != 0 && size_t(kDH) % hn::MaxLanes(df) == 0) {
-      CoreImpl<kDH, kG, kKV>(df, a);
+      CoreImpl<kDH, kG, kKV, kBC>(df, a);
     } else {
       const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
       if (H % hn::Lanes(df) == 0) {
-        CoreImpl<kDH, kG, kKV>(df, a);
+        CoreImpl<kDH, kG, kKV, kBC>(df, a);
       } else {
-        CoreImpl<kDH, kG, kKV>(hn::CappedTag<float, 1>(), a);
+        CoreImpl<kDH, kG, kKV, kBC>(hn::CappedTag<float, 1>(), a);
       }
     }
   }

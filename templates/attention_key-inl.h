@@ -43,6 +43,11 @@
 #ifndef G3_WINDOW
 #define G3_WINDOW -1
 #endif
+// The compute mode (kernel_contract.h): G3_COMPUTE_F32 (0) or
+// G3_COMPUTE_BF16 (1); -1: g3_core_args::compute.
+#ifndef G3_COMPUTE
+#define G3_COMPUTE -1
+#endif
 
 #include "attention-inl.h"
 
@@ -58,7 +63,9 @@ void Qk(const g3_qk_args* a) {
   g3::HWY_NAMESPACE::attn::Qk<G3_HEAD_DIM, G3_KV_DTYPE>(a, base, scale, alpha);
 }
 
-void Core(const g3_core_args* a) { g3::HWY_NAMESPACE::attn::Core<G3_HEAD_DIM, G3_GROUP, G3_KV_DTYPE>(a); }
+void Core(const g3_core_args* a) {
+  g3::HWY_NAMESPACE::attn::Core<G3_HEAD_DIM, G3_GROUP, G3_KV_DTYPE, G3_COMPUTE>(a);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace G3_KEY_NS

@@ -32,6 +32,7 @@
 
 #include <hwy/highway.h>
 
+#include "bf16-inl.h"
 #include "kernel_contract.h"
 #include "scratch.h"
 
@@ -406,7 +407,31 @@ inline void GemvDispatch(const g3_gemm_args& g, size_t m0, size_t rows) {
 // g3_gemm_fn: c[m][n] = sum_k a[m][k] * W[n][k] for m < M, n in [n_begin, n_end),
 // f32 accumulation (SPEC 1.3 steps A and J). An empty range or M = 0 writes
 // nothing; K = 0 writes zeros.
+//
+// In the bf16 compute mode (g.compute) the activations are rounded to bf16
+// once, into a per-thread copy, and the kernels below run on it unchanged:
+// the weights are bf16 in that mode, so every product is of two bf16 values.
 inline void Gemm(const g3_gemm_args* args) {
+  if (args->compute == G3_COMPUTE_BF16 && args->M > 0 && args->K > 0) {
+    static thread_local Scratch<float> rounded;
+    const size_t M = size_t(args->M), K = size_t(args->K);
+    float* a = rounded.Get(M * K);
+    const hn::ScalableTag<float> df;
+    const size_t NL = hn::Lanes(df), Kv = K / NL * NL;
+    for (size_t m = 0; m < M; ++m) {
+      const float* src = args->a + int64_t(m) * args->lda;
+      float* dst = a + m * K;
+      for (size_t k = 0; k < Kv; k += NL) hn::StoreU(bf16::Round(df, hn::LoadU(df, src + k)), df, dst + k);
+      const hn::CappedTag<float, 1> d1;
+      for (size_t k = Kv; k < K; ++k) hn::StoreU(bf16::Round(d1, hn::LoadU(d1, src + k)), d1, dst + k);
+    }
+    g3_gemm_args f32 = *args;
+    f32.a = a;
+    f32.lda = int64_t(K);
+    f32.compute = G3_COMPUTE_F32;
+    Gemm(&f32);
+    return;
+  }
   const g3_gemm_args& g = *args;
   if (g.M <= 0 || g.n_end <= g.n_begin) return;
   if (g.K <= 0) {

@@ -33,7 +33,7 @@ std::vector<KernelKey> attention_keys(const std::vector<ModelConfig>& models, co
 
 const std::vector<std::string>& template_header_names() {
   static const std::vector<std::string> v = {
-      "kernel_contract.h", "mask_rule.h", "scratch.h", "softmax-inl.h",
+      "kernel_contract.h", "mask_rule.h", "scratch.h", "bf16-inl.h", "softmax-inl.h",
       "hwy_targets.h", "attention_registry.h", "attention-inl.h", "attention_key-inl.h"};
   return v;
 }
@@ -58,6 +58,7 @@ static std::string key_text(const KernelKey& k) {
   s += "#define G3_ROPE_SCALE " + hexf(k.rope_scale) + "  /* " + std::to_string(k.rope_scale) + " */\n";
   s += "#define G3_ALPHA " + hexf(double(k.alpha)) + "f  /* " + std::to_string(k.alpha) + " */\n";
   s += std::string("#define G3_KV_DTYPE ") + (k.kv_dtype == DType::F32 ? "0  /* f32 */\n" : "1  /* bf16 */\n");
+  s += std::string("#define G3_COMPUTE ") + (k.compute == DType::F32 ? "0  /* f32 */\n" : "1  /* bf16 */\n");
   s += "\n#undef HWY_TARGET_INCLUDE\n#define HWY_TARGET_INCLUDE \"attention_key-inl.h\"\n";
   s += "#include <hwy/foreach_target.h>  // IWYU pragma: keep\n#include <hwy/highway.h>\n\n";
   s += "#include \"attention_key-inl.h\"\n";

@@ -84,7 +84,15 @@ bool plan(const KernelKey& key, const std::string& cap, const Options& opt, Core
     return fail("head_dim " + std::to_string(key.head_dim) + " is not a multiple of " + std::to_string(vl) +
                 " (the vector width in f32) up to 4096");
   if (key.group < 1 || key.group > 256) return fail("group " + std::to_string(key.group) + " outside 1..256");
-  const bool dot = key.kv_dtype == DType::BF16 && isa == Isa::Avx512 && host().bf16 && opt.allow_bf16_dot;
+  // The bf16 compute mode is exactly what vdpbf16ps does on bf16 K/V (q and
+  // p rounded to bf16, exact products, f32 sums); on f32 K/V the kernels
+  // would have to round K and V as they load them, which they do not.
+  if (key.compute == DType::BF16) {
+    if (key.kv_dtype != DType::BF16) return fail("bf16 compute needs bf16 K/V here (the f32 K/V path does not round them)");
+    if (isa != Isa::Avx512 || !host().bf16) return fail("bf16 compute needs AVX512_BF16 (vdpbf16ps) under an avx3 cap");
+  }
+  const bool dot = key.kv_dtype == DType::BF16 && isa == Isa::Avx512 && host().bf16 &&
+                   (opt.allow_bf16_dot || key.compute == DType::BF16);
   *cfg = CoreConfig::make(key, isa, dot);
   return true;
 }

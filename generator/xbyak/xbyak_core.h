@@ -100,8 +100,9 @@ size_t core_code_bytes(const CoreKernels& k);
 // What the backend decides for a (key, cap): the config or why not.
 struct Options {
   // vdpbf16ps on bf16 K/V rounds q and the softmax weights to bf16 as well:
-  // a numerics mode of its own (bf16 compute), never the meaning of bf16 KV
-  // storage, so the backend's public entry points leave it off.
+  // that is the bf16 compute mode, which keys with compute bf16 get anyway;
+  // for f32-compute keys it is never the meaning of bf16 KV storage, so the
+  // public entry points leave it off and only tests turn it on.
   bool allow_bf16_dot = false;
 };
 bool plan(const KernelKey& key, const std::string& isa_cap, const Options& opt, CoreConfig* cfg, std::string* why);

@@ -59,7 +59,9 @@ std::string xbyak_why_unavailable(const KernelKey& key, const std::string& isa) 
 
 #ifdef G3_LLVM_AVAILABLE
 constexpr bool kLlvmInBuild = true;
-std::string llvm_why_unavailable(const KernelKey&, const std::string&) {
+std::string llvm_why_unavailable(const KernelKey& key, const std::string&) {
+  // The emitted core computes in f32 only; bf16 compute is served by others.
+  if (key.compute == DType::BF16) return "the llvm backend has no bf16 compute mode";
   std::string why;
   return llvm_available(&why) ? "" : why;
 }
