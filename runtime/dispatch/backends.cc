@@ -1,6 +1,7 @@
 #include "runtime/dispatch/backends.h"
 
 #include "generator/errors.h"
+#include "generator/xbyak/amx_core.h"
 #include "runtime/reference/reference.h"
 
 // The one place that knows whether the LLVM JIT is part of this binary
@@ -57,6 +58,11 @@ std::string xbyak_why_unavailable(const KernelKey& key, const std::string& isa) 
   return xbyak_available(key, isa, &why) ? "" : why;
 }
 
+std::string amx_why_unavailable(const KernelKey& key, const std::string& isa) {
+  std::string why;
+  return amx_available(key, isa, &why) ? "" : why;
+}
+
 #ifdef G3_LLVM_AVAILABLE
 constexpr bool kLlvmInBuild = true;
 std::string llvm_why_unavailable(const KernelKey& key, const std::string&) {
@@ -84,13 +90,17 @@ const std::vector<Backend>& backends() {
   // this build did not compile or this CPU cannot run), so it is never
   // unavailable; for any other name its build says why. A JIT that cannot
   // serve a request falls back to Highway, which also serves the stages it
-  // does not JIT (projections and norms; for xbyak the QK stage too).
+  // does not JIT (projections and norms; for xbyak and amx the QK stage too).
+  // amx is the AMX tile core of the bf16 compute mode: it serves only keys
+  // with compute bf16, on CPUs with AMX-BF16 whose kernel granted the tile
+  // data, under the avx3_dl cap (amx_permission.h, amx_core.h say why not).
   static const std::vector<Backend> list = {
       {"reference", BackendKind::Reference, nullptr, true, &always_available, &reference_build, nullptr, nullptr},
       {"highway", BackendKind::Aot, "reference", true, &always_available, &highway_kernels, nullptr, nullptr},
       {"llvm", BackendKind::Jit, "highway", kLlvmInBuild, &llvm_why_unavailable, &llvm_build, kLlvmCompiles,
        kLlvmCacheHits},
       {"xbyak", BackendKind::Jit, "highway", true, &xbyak_why_unavailable, &xbyak_kernels, nullptr, nullptr},
+      {"amx", BackendKind::Jit, "highway", true, &amx_why_unavailable, &amx_kernels, nullptr, nullptr},
   };
   return list;
 }
