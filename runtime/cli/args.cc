@@ -98,7 +98,7 @@ std::string Args::usage() const {
 std::vector<Option> common_kernel_options() {
   return {
       {"backend", Arity::Value, "NAME",
-       "reference|highway|llvm|xbyak|auto (default auto: see `g3attn --help`)"},
+       "reference|highway|llvm|xbyak|amx|auto (default auto: see `g3attn --help`)"},
       {"isa", Arity::Value, "NAME",
        "scalar|ssse3|sse4|avx2|avx3|avx3_dl|best; caps JIT code too (default $G3ATTN_ISA, else best)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16 (default f32)"},

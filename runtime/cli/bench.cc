@@ -48,9 +48,10 @@ std::vector<Option> bench_options() {
        "scalar,ssse3,sse4,avx2,avx3,avx3_dl,best; ones this machine or build cannot run are skipped with a note "
        "(default $G3ATTN_ISA if set, else all)"},
       {"backend", Arity::Value, "all|LIST",
-       "reference,highway,llvm,xbyak,auto; ones this build lacks are skipped with a note; auto rows measure "
+       "reference,highway,llvm,xbyak,amx,auto; ones this build or machine lacks are skipped with a note (amx "
+       "rows need --compute bf16 and AMX); auto rows measure "
        "the route --backend auto takes and name it per row: auto(highway) in the table and CSV, backend "
-       "\"auto\" plus \"route\" in JSON (default all: the four backends, not auto)"},
+       "\"auto\" plus \"route\" in JSON (default all: the five backends, not auto)"},
       {"phase", Arity::Value, "P",
        "prefill|decode|block|projections|all, or a comma list (default prefill,decode)"},
       {"new-tokens", Arity::Value, "N",

@@ -20,12 +20,13 @@ Commands:
   generate  write the specialised Highway sources of a model for another engine
 
 Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
-  llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), auto (default).
+  llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), amx (AMX tile core of the bf16
+  compute mode: --compute bf16, a CPU with AMX-BF16, --isa avx3_dl or best), auto (default).
   auto (the default) takes highway: every backend computes the same numerics, and
   highway was measured fastest or within a few percent of it on Zen 4 and Emerald
-  Rapids. Stages xbyak does not provide (QK-norm/RoPE, projections, norms) run on
-  highway. An unavailable llvm or xbyak request falls back to highway and `plan`
-  shows why.
+  Rapids. Stages xbyak and amx do not provide (QK-norm/RoPE, projections, norms; for
+  amx also calls of fewer than 16 query rows, i.e. decode) run on highway. An
+  unavailable llvm, xbyak or amx request falls back to highway and `plan` shows why.
 Compute mode (--compute f32|bf16, default f32): bf16 rounds the inputs of every dot
   product to bf16 (nearest even) and accumulates in f32: the normed activations and
   weights of the projections, q and K for the logits, the softmax weights and V, the
@@ -43,6 +44,7 @@ Environment:
   G3ATTN_LLVM_OPT   LLVM pipeline: O1|O2|O3 (default: a short pass list, as fast and 10x quicker to compile)
   G3ATTN_LLVM_VERBOSE=1   print the IR, optimisation and codegen times per LLVM kernel
   G3ATTN_XBYAK_DUMP=DIR   write each Xbyak kernel's bytes to DIR (objdump -D -b binary -mi386:x86-64)
+  G3ATTN_AMX=off    never use AMX tiles: the amx backend then falls back to highway, saying so
 
 Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
 )";

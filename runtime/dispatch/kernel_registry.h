@@ -13,7 +13,7 @@
 namespace g3 {
 
 // Backend names on the command line: the table's, then "auto".
-const std::vector<std::string>& backend_names();  // reference highway llvm xbyak auto
+const std::vector<std::string>& backend_names();  // reference highway llvm xbyak amx auto
 // Validates a --backend value (InputError listing the valid names).
 std::string parse_backend(const std::string& name);
 
