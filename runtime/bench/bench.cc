@@ -236,7 +236,7 @@ struct Combo {
 PreparedLayer layer_for(const PreparedLayer& base, const Shape& sh, const Combo& c) {
   PreparedLayer L = base;
   L.key = kernel_key(sh.spec, sh.kv, base.key.weight_dtype, sh.compute);
-  L.kernels = c.choice;
+  L.kernels = L.decode = c.choice;
   return L;
 }
 
@@ -421,15 +421,17 @@ Result run_bench(Options o) {
 
   // Kernel tables per (key, backend, ISA), resolved once.
   std::map<std::string, Combo> combos;
-  auto combo_for = [&](const KernelKey& key, const std::string& backend, const std::string& isa) -> Combo& {
-    std::string id = key.str() + "|" + backend + "|" + isa;
+  // The phase matters to auto only: it may route prefill and decode apart.
+  auto combo_for = [&](const KernelKey& key, const std::string& backend, const std::string& isa,
+                       Phase phase) -> Combo& {
+    std::string id = key.str() + "|" + backend + "|" + isa + "|" + to_string(phase);
     auto it = combos.find(id);
     if (it != combos.end()) return it->second;
     Combo c;
     c.backend = backend;
     c.isa_req = isa;
     try {
-      c.choice = kernels_for(key, backend, isa);
+      c.choice = kernels_for(key, backend, isa, phase);
       c.isa = c.choice.kernels.isa.empty() ? isa : c.choice.kernels.isa;
       c.ok = true;
       // A registry fallback (an unavailable JIT served by Highway) would
@@ -500,7 +502,8 @@ Result run_bench(Options o) {
     for (const auto& backend : o.backends)
       for (const auto& isa : isas) {
         ++attempt;
-        Combo& c = combo_for(key, backend, isa);
+        const Phase phase = sh.T <= BlockSplit{}.decode_max_tokens ? Phase::Decode : Phase::Prefill;
+        Combo& c = combo_for(key, backend, isa, phase);
         if (!c.ok) continue;
         // The same code under another requested ISA (the reference ignores
         // the ISA; a JIT may cap lower): measure it once.
@@ -512,6 +515,10 @@ Result run_bench(Options o) {
             notes.add("backend reference runs the same scalar code whatever the ISA: measured once, as scalar");
           else if (c.isa != isa)
             notes.add("backend " + backend + " on " + isa + " runs " + c.isa + " code: measured once, as " + c.isa);
+          continue;
+        }
+        if (o.budget_seconds > 0 && seconds_since(t_start) > o.budget_seconds) {
+          notes.add("the time budget of " + fmt("%.0f", o.budget_seconds) + " s ran out: later rows were not measured");
           continue;
         }
         // Predict the time of one run; skip it when over budget.
@@ -551,6 +558,8 @@ Result run_bench(Options o) {
         Row row;
         row.backend = backend;
         row.route = c.choice.backend;
+        row.key = key.str();
+        row.isa_cap = isa;
         row.isa = c.isa;
         row.model = sh.model;
         row.kind = sh.kind;

@@ -48,11 +48,14 @@ struct Options {
   std::vector<DType> computes = {DType::F32};     // compute modes (kernel_key.h)
   DType weight_dtype = DType::BF16;
   bool progress = false;          // one line per row on stderr while running
+  double budget_seconds = 0;      // > 0: rows that would start after this many seconds are skipped (noted)
 };
 
 struct Row {
   std::string backend, isa, model, kind, phase, kv_dtype, weight_dtype;
   std::string compute = "f32";  // the compute mode
+  std::string key;              // the kernel key (KernelKey::str()) of the row's layer
+  std::string isa_cap;          // the ISA asked for (`isa` is what the code targets: a JIT may cap lower)
   // The backend that ran the attention core: equal to `backend`, except for
   // backend "auto", whose route is the backend the auto rule chose for this
   // row's kernel key and ISA.

@@ -10,5 +10,6 @@ int cmd_apply(int argc, char** argv, int first);
 int cmd_run(int argc, char** argv, int first);
 int cmd_bench(int argc, char** argv, int first);
 int cmd_generate(int argc, char** argv, int first);
+int cmd_tune(int argc, char** argv, int first);
 
 }  // namespace g3::cli

@@ -18,13 +18,16 @@ Commands:
   run       the whole attention stack: chunked prefill + decode, timings, KV memory
   bench     per-ISA, per-backend performance table with this machine's measured peaks
   generate  write the specialised Highway sources of a model for another engine
+  tune      measure every backend on this CPU and write the profile --backend auto follows
 
 Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   llvm (ORC JIT), xbyak (hand-scheduled x86 JIT), amx (AMX tile core of the bf16
   compute mode: --compute bf16, a CPU with AMX-BF16, --isa avx3_dl or best), auto (default).
-  auto (the default) takes highway: every backend computes the same numerics, and
-  highway was measured fastest or within a few percent of it on Zen 4 and Emerald
-  Rapids. Stages xbyak and amx do not provide (QK-norm/RoPE, projections, norms; for
+  auto (the default) takes, per kernel key, phase (prefill or decode calls) and ISA,
+  the backend `g3attn tune` measured fastest on this CPU (a profile in the cache
+  directory, valid for this CPU and version); without one, the static rule: highway,
+  which is never far from the fastest on either CPU this project has run on. Every
+  backend computes the same numerics, so auto is a speed choice only. Stages xbyak and amx do not provide (QK-norm/RoPE, projections, norms; for
   amx also calls of fewer than 16 query rows, i.e. decode) run on highway. An
   unavailable llvm, xbyak or amx request falls back to highway and `plan` shows why.
 Compute mode (--compute f32|bf16, default f32): bf16 rounds the inputs of every dot
@@ -64,7 +67,8 @@ int main(int argc, char** argv) {
     if (cmd == "run") return cmd_run(argc, argv, 2);
     if (cmd == "bench") return cmd_bench(argc, argv, 2);
     if (cmd == "generate") return cmd_generate(argc, argv, 2);
-    std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate)\n";
+    if (cmd == "tune") return cmd_tune(argc, argv, 2);
+    std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate, tune)\n";
     return 2;
   } catch (const g3::InputError& e) {
     std::cerr << "g3attn " << cmd << ": " << e.what() << "\n";

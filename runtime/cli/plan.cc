@@ -54,15 +54,22 @@ int cmd_plan(int argc, char** argv, int first) {
   const int64_t chunk = a.integer("chunk", 1, 1, 1ll << 31);
   const KvBytes kvb = kv_bytes(m, context, batch, kv, chunk);
 
-  std::map<std::string, KernelChoice> choices;  // one per distinct key
+  // One choice per distinct key and phase: auto may route a layer's prefill
+  // and decode calls to different backends (a tune profile, profile.h).
+  std::map<std::string, KernelChoice> choices, decode_choices;
   nlohmann::json layers = nlohmann::json::array();
-  std::vector<std::vector<std::string>> table = {
-      {"layer", "kind", "window", "rope_base", "rope_scale", "alpha", "N", "Nkv", "head_dim", "key", "backend", "isa"}};
+  std::vector<std::vector<std::string>> table = {{"layer", "kind", "window", "rope_base", "rope_scale", "alpha", "N",
+                                                  "Nkv", "head_dim", "key", "backend", "decode", "isa"}};
+  if (backend == "auto") table[0].push_back("auto's choice");
   for (const LayerSpec& l : layer_specs(m)) {
     KernelKey key = kernel_key(l, kv, wt, compute);
     auto it = choices.find(key.str());
-    if (it == choices.end()) it = choices.emplace(key.str(), kernels_for(key, backend, isa)).first;
+    if (it == choices.end()) it = choices.emplace(key.str(), kernels_for(key, backend, isa, Phase::Prefill)).first;
+    auto dit = decode_choices.find(key.str());
+    if (dit == decode_choices.end())
+      dit = decode_choices.emplace(key.str(), kernels_for(key, backend, isa, Phase::Decode)).first;
     const KernelChoice& c = it->second;
+    const KernelChoice& dc = dit->second;
     nlohmann::json j;
     j["index"] = l.index;
     j["kind"] = to_string(l.kind);
@@ -76,6 +83,9 @@ int cmd_plan(int argc, char** argv, int first) {
     j["key"] = key.str();
     j["compute"] = to_string(compute);
     j["backend"] = c.backend;
+    j["decode_backend"] = dc.backend;
+    if (!c.source.empty()) j["source"] = c.source;
+    if (!dc.source.empty()) j["decode_source"] = dc.source;
     j["isa"] = c.kernels.isa;
     j["specialised"] = c.kernels.specialised;
     for (Stage s : kStages) j["stages"][stage_name(s)] = c.stages[s];
@@ -89,8 +99,15 @@ int cmd_plan(int argc, char** argv, int first) {
     table.push_back({std::to_string(l.index), to_string(l.kind), l.window > 0 ? std::to_string(l.window) : "-",
                      fmt_double(l.rope_base), fmt_double(l.rope_scale), fmt_double(l.alpha, 9),
                      std::to_string(l.num_heads), std::to_string(l.num_kv_heads), std::to_string(l.head_dim),
-                     key.str(), be, c.kernels.isa});
+                     key.str(), be, dc.backend, c.kernels.isa});
+    if (backend == "auto")
+      table.back().push_back(c.source == dc.source ? c.source : "prefill " + c.source + "; decode " + dc.source);
   }
+  // Without a profile auto runs the static rule; say once how to measure.
+  const std::string hint = backend == "auto" && !active_profile()
+                               ? "run `g3attn tune` to measure the backends on this CPU; until then auto follows "
+                                 "the static rule"
+                               : "";
   if (a.has("json")) {
     nlohmann::json out;
     out["model"] = {{"name", m.name}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers}};
@@ -106,6 +123,7 @@ int cmd_plan(int argc, char** argv, int first) {
                        {"context", context},      {"batch", batch},
                        {"dtype", to_string(kv)}};
     if (a.has("chunk")) out["kv_bytes"]["chunk"] = chunk;
+    if (!hint.empty()) out["hint"] = hint;
     emit_json(a, out.dump(1));
     return 0;
   }
@@ -119,6 +137,7 @@ int cmd_plan(int argc, char** argv, int first) {
   std::cout << format_table(table);
   for (const auto& [k, c] : choices)
     if (!c.fallback.empty()) std::cout << "note: " << k << ": " << c.fallback << "\n";
+  if (!hint.empty()) std::cout << "hint: " << hint << "\n";
   auto gib = [](uint64_t b) { return fmt_double(double(b) / double(1ull << 30), 4) + " GiB"; };
   std::cout << "KV cache (" << to_string(kv) << ", " << context << " positions x " << batch << " sequence"
             << (batch == 1 ? "" : "s") << (a.has("chunk") ? ", chunk " + std::to_string(chunk) : std::string())

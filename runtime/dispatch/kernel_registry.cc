@@ -104,9 +104,15 @@ KernelChoice complete(const Backend& b, const KernelKey& key, const std::string&
 
 }  // namespace
 
-KernelChoice kernels_for(const KernelKey& key, const std::string& name, const std::string& isa) {
+KernelChoice kernels_for(const KernelKey& key, const std::string& name, const std::string& isa, Phase phase) {
   parse_backend(name);
-  const Backend* b = name == "auto" ? &auto_backend() : find_backend(name);
+  const Backend* b = find_backend(name);
+  std::string source;
+  if (name == "auto") {
+    const AutoRoute r = auto_route(key, phase, isa);
+    b = find_backend(r.backend);
+    source = r.source;
+  }
   // A backend that cannot serve the request here falls back, saying why.
   std::string fallback;
   if (const std::string why = b->why_unavailable(key, isa); !why.empty()) {
@@ -116,6 +122,7 @@ KernelChoice kernels_for(const KernelKey& key, const std::string& name, const st
   }
   KernelChoice c = complete(*b, key, isa);
   c.fallback = fallback;
+  c.source = source;
   return c;
 }
 

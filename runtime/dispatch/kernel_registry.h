@@ -9,6 +9,7 @@
 #include "generator/backend_api.h"
 #include "generator/kernel_key.h"
 #include "runtime/dispatch/backends.h"
+#include "runtime/dispatch/profile.h"
 
 namespace g3 {
 
@@ -22,15 +23,18 @@ struct KernelChoice {
   std::string backend;           // backend of the attention core
   StageBackends stages;          // backend of each stage
   std::string fallback;          // why the requested backend was not used, or ""
+  std::string source;            // auto: where its choice came from (profile.h AutoRoute); else ""
 };
 
 // Resolves (key, backend, isa) to a complete kernel table. `backend` may be
-// "auto" (auto_backend() in backends.cc, documented in `g3attn --help`);
+// "auto": the backend this CPU's tune profile measured fastest for the key,
+// phase and ISA, else the static rule (auto_route in profile.h);
 // `isa` is a resolved ISA name (see isa.h). A backend that cannot serve the
 // request here is replaced by its fallback, and the stages it leaves null
 // come from its fallback's complete table (for the JITs, Highway on the
 // same ISA).
-KernelChoice kernels_for(const KernelKey& key, const std::string& backend, const std::string& isa);
+KernelChoice kernels_for(const KernelKey& key, const std::string& backend, const std::string& isa,
+                         Phase phase = Phase::Prefill);
 
 // Counters for tests and `plan --json`: how many kernels this process built
 // (compiled or generated) per backend since start.

@@ -36,7 +36,8 @@ PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType 
   PreparedLayer L;
   L.spec = spec;
   L.key = kernel_key(spec, kv_dtype, compute == DType::BF16 ? DType::BF16 : w.q_proj.dtype, compute);
-  L.kernels = kernels_for(L.key, backend, isa);
+  L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
+  L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
   L.wqkv = pack_weights(stack_rows({&w.q_proj, &w.k_proj, &w.v_proj}), compute);
   L.wo = pack_weights(w.o_proj, compute);
   L.q_norm = w.q_norm;
@@ -50,7 +51,8 @@ PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std:
                            const std::string& isa) {
   PreparedLayer L = base;  // PackedWeights share their storage
   L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype, base.key.compute);
-  L.kernels = kernels_for(L.key, backend, isa);
+  L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
+  L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
   return L;
 }
 
@@ -193,7 +195,7 @@ void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, Blo
 void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const int32_t* positions, int64_t B,
                         int64_t T, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
-  const g3_kernel_table& k = L.kernels.kernels.table;
+  const g3_kernel_table& k = L.for_tokens(T, sp.decode_max_tokens).kernels.table;
   const int64_t H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
   const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
   const size_t esz = cache.element_size();
@@ -306,7 +308,7 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
                       const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
-  const g3_kernel_table& k = L.kernels.kernels.table;
+  const g3_kernel_table& k = L.for_tokens(T, sp.decode_max_tokens).kernels.table;
   const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
   const int64_t QKV = (N + 2 * K) * H, R = B * T;
   const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;

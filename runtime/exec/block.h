@@ -21,7 +21,13 @@ namespace g3 {
 struct PreparedLayer {
   LayerSpec spec;
   KernelKey key;
-  KernelChoice kernels;
+  // The kernels of prefill-sized calls, and of decode-sized ones (at most
+  // BlockSplit::decode_max_tokens tokens per row): the same unless `auto`
+  // found another backend faster for one phase (profile.h).
+  KernelChoice kernels, decode;
+  const KernelChoice& for_tokens(int64_t T, int64_t decode_max_tokens) const {
+    return T <= decode_max_tokens ? decode : kernels;
+  }
   // q, k and v projections fused into one [N*dh + 2*Nkv*dh, D] matrix so the
   // normed input is streamed once; then the output projection.
   PackedWeights wqkv, wo;

@@ -62,6 +62,8 @@ nlohmann::json row_json(const Row& r) {
   j["kv_dtype"] = r.kv_dtype;
   j["weight_dtype"] = r.weight_dtype;
   j["compute"] = r.compute;
+  j["key"] = r.key;
+  j["isa_cap"] = r.isa_cap;
   j["batch"] = r.batch;
   j["new_tokens"] = r.new_tokens;
   j["context"] = r.context ? nlohmann::json(*r.context) : nlohmann::json(nullptr);

@@ -1,0 +1,42 @@
+// `g3attn tune` as a library call: for each kernel key of the given models,
+// every backend this build and CPU can run is measured on the shapes of the
+// bench's default prefill and decode rows (the runtime's attention core on
+// its KV caches and thread pool, runtime/bench/bench.h), on each ISA cap
+// asked for; the fastest per (key, phase, ISA) goes into this CPU's profile
+// (runtime/dispatch/profile.h), which `auto` then follows.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "generator/kernel_key.h"
+#include "runtime/bench/bench.h"
+#include "runtime/dispatch/profile.h"
+
+namespace g3::bench {
+
+struct TuneOptions {
+  std::vector<std::string> models = {"1b", "4b"};
+  std::vector<std::string> isas;             // resolved names; empty: the best one here
+  std::vector<DType> kv_dtypes = {DType::F32};
+  std::vector<DType> computes = {DType::F32};
+  int threads = 0;                           // 0: every core
+  double budget_seconds = 120;               // shapes not reached in time keep the static rule
+  bool progress = false;
+};
+
+struct TuneResult {
+  Profile profile;
+  Result bench;        // the rows measured
+  std::string path;    // where the profile was written
+};
+
+// Measures and writes the profile (merged with the entries of an existing
+// valid profile of this CPU that this run did not measure).
+TuneResult run_tune(const TuneOptions& o);
+
+// The profile entries a set of bench rows implies: per (key, phase, ISA),
+// the backend with the lowest sum over contexts of its time relative to the
+// fastest row of each context.
+std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
+
+}  // namespace g3::bench

@@ -1,0 +1,98 @@
+// g3attn tune: measures every backend on this CPU for the kernel keys of the
+// given models and writes the profile `auto` follows (runtime/bench/tune.h,
+// runtime/dispatch/profile.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "generator/catalogue.h"
+#include "generator/errors.h"
+#include "runtime/bench/tune.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/dispatch/isa.h"
+
+namespace g3::cli {
+
+static std::vector<Option> tune_options() {
+  return {
+      {"model", Arity::Value, "LIST", "built-in sizes whose kernel keys to measure (default 1b,4b)"},
+      {"isa", Arity::Value, "LIST",
+       "ISA caps to measure: names, best or all (default $G3ATTN_ISA, else best: the cap runs use)"},
+      {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all (default f32)"},
+      {"compute", Arity::Value, "MODE", "compute modes f32|bf16|all (default f32)"},
+      {"threads", Arity::Value, "N", "threads, as runs will use them (default all cores)"},
+      {"budget", Arity::Value, "SECONDS",
+       "stop measuring after about this long; keys not reached keep the static rule (default 120)"},
+      {"json", Arity::OptionalValue, "FILE", "the profile's entries as JSON on stdout, or the table plus FILE"},
+  };
+}
+
+int cmd_tune(int argc, char** argv, int first) {
+  Args a("tune", tune_options(), argc, argv, first);
+  if (a.help()) {
+    std::cout << "Usage: g3attn tune [--model LIST] [--isa LIST] [--kv-dtype T] [--compute MODE] [--threads N]\n"
+                 "                   [--budget SECONDS] [--json [FILE]]\n"
+                 "Measures, on this CPU, every backend this build can run (highway, llvm, xbyak, amx)\n"
+                 "on the attention core of each kernel key of the models, on the shapes of the bench's\n"
+                 "default rows (prefill: 512 new tokens over 1024 and 4096 positions; decode: one token\n"
+                 "over 4096 and 32768), and writes the fastest per key, phase and ISA into this CPU's\n"
+                 "profile in the cache directory ($G3ATTN_CACHE_DIR, else $XDG_CACHE_HOME/g3attn, else\n"
+                 "~/.cache/g3attn). --backend auto then routes each layer's prefill and decode calls\n"
+                 "to the measured winner; `g3attn plan` shows the choice and its margin. A profile is\n"
+                 "valid for this CPU (vendor, family/model, ISA features) and this g3attn version\n"
+                 "only; entries of an earlier profile of this CPU that this run does not measure are\n"
+                 "kept.\n\n"
+              << a.usage();
+    return 0;
+  }
+  bench::TuneOptions o;
+  o.models = a.list("model", "1b,4b");
+  for (const auto& m : o.models) builtin_model(m);  // InputError listing the sizes
+  const std::string isa = a.has("isa") ? a.str("isa") : requested_isa("");
+  if (isa == "all") {
+    o.isas = runnable_isas();
+  } else {
+    for (const auto& i : a.list("isa", isa)) o.isas.push_back(resolve_isa(requested_isa(i)));
+  }
+  const std::string kv = a.str("kv-dtype", "f32");
+  o.kv_dtypes = kv == "all" ? std::vector<DType>{DType::F32, DType::BF16}
+                            : std::vector<DType>{parse_dtype(kv, "--kv-dtype")};
+  const std::string cm = a.str("compute", "f32");
+  o.computes = cm == "all" ? std::vector<DType>{DType::F32, DType::BF16}
+                           : std::vector<DType>{parse_dtype(cm, "--compute")};
+  o.threads = int(a.integer("threads", 0, 1, 1024));
+  o.budget_seconds = double(a.integer("budget", 120, 1, 1 << 20));
+  const bool json_stdout = a.has("json") && a.str("json").empty();
+  if (a.has("json") && !json_stdout) check_output_path(a.str("json"), "--json");
+  if (profile_path().empty())
+    throw InputError("no cache directory for the profile: set G3ATTN_CACHE_DIR (or XDG_CACHE_HOME or HOME)");
+  o.progress = isatty(STDERR_FILENO) != 0;
+
+  const bench::TuneResult r = bench::run_tune(o);
+  nlohmann::json j;
+  j["profile"] = r.path;
+  j["cpu"] = r.profile.cpu;
+  j["entries"] = nlohmann::json::array();
+  std::vector<std::vector<std::string>> table = {{"key", "phase", "isa", "best", "margin", "ms per backend"}};
+  for (const ProfileEntry& e : r.profile.entries) {
+    std::string times;
+    for (const auto& [b, ms] : e.ms) times += (times.empty() ? "" : ", ") + b + " " + fmt_double(ms, 4);
+    table.push_back({e.key, to_string(e.phase), e.isa, e.best, fmt_double(e.margin(), 3), times});
+    j["entries"].push_back({{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
+                            {"margin", e.margin()}, {"ms", e.ms}});
+  }
+  for (const auto& n : r.bench.notes) j["notes"].push_back(n);
+  if (!json_stdout) {
+    std::cout << "profile for " << r.profile.cpu << "\nwritten to " << r.path << "\n";
+    std::cout << format_table(table);
+    for (const auto& n : r.bench.notes) std::cout << "note: " << n << "\n";
+  }
+  if (a.has("json")) emit_json(a, j.dump(2));
+  return 0;
+}
+
+}  // namespace g3::cli

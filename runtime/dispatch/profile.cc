@@ -1,0 +1,197 @@
+#include "runtime/dispatch/profile.h"
+
+#include <cpuid.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "generator/errors.h"
+#include "generator/llvm/jit_cache.h"
+#include "runtime/dispatch/backends.h"
+#include "runtime/io/npy.h"
+
+namespace g3 {
+
+const char* to_string(Phase p) { return p == Phase::Prefill ? "prefill" : "decode"; }
+
+std::string g3attn_version() { return G3ATTN_VERSION; }
+
+std::string CpuIdentity::id() const {
+  return vendor + " family " + std::to_string(family) + " model " + std::to_string(model) + " stepping " +
+         std::to_string(stepping) + " (" + model_name + "); " + features;
+}
+
+namespace {
+
+// The features the backends' availability and speed depend on, as Linux
+// names them in /proc/cpuinfo.
+const char* const kFeatures[] = {"avx2",        "fma",          "avx512f",  "avx512bw", "avx512dq",
+                                 "avx512vl",    "avx512_vnni",  "avx512_bf16", "avx512_vbmi2",
+                                 "amx_tile",    "amx_bf16"};
+
+CpuIdentity read_cpu() {
+  CpuIdentity c;
+  unsigned a = 0, b = 0, cx = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &cx, &d)) {
+    char v[13] = {};
+    std::memcpy(v, &b, 4);
+    std::memcpy(v + 4, &d, 4);
+    std::memcpy(v + 8, &cx, 4);
+    c.vendor = v;
+  }
+  if (__get_cpuid(1, &a, &b, &cx, &d)) {
+    const int base_family = int((a >> 8) & 0xf), base_model = int((a >> 4) & 0xf);
+    c.family = base_family == 0xf ? base_family + int((a >> 20) & 0xff) : base_family;
+    c.model = base_family == 0x6 || base_family == 0xf ? (int((a >> 16) & 0xf) << 4) + base_model : base_model;
+    c.stepping = int(a & 0xf);
+  }
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(f, line)) {
+    auto value = [&] { return line.substr(line.find(':') == std::string::npos ? line.size() : line.find(':') + 1); };
+    if (c.model_name.empty() && line.rfind("model name", 0) == 0) c.model_name = value();
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = value();
+  }
+  while (!c.model_name.empty() && c.model_name.front() == ' ') c.model_name.erase(0, 1);
+  std::set<std::string> have;
+  std::istringstream fs(flags);
+  for (std::string w; fs >> w;) have.insert(w);
+  for (const char* name : kFeatures)
+    if (have.count(name)) c.features += (c.features.empty() ? "" : " ") + std::string(name);
+  return c;
+}
+
+void warn(const std::string& s) { std::fprintf(stderr, "g3attn: warning: %s\n", s.c_str()); }
+
+}  // namespace
+
+const CpuIdentity& this_cpu() {
+  static const CpuIdentity c = read_cpu();
+  return c;
+}
+
+double ProfileEntry::margin() const {
+  double second = 0;
+  for (const auto& [name, r] : rel)
+    if (name != best && (second == 0 || r < second)) second = r;
+  const auto it = rel.find(best);
+  return second > 0 && it != rel.end() && it->second > 0 ? second / it->second - 1 : 0;
+}
+
+const ProfileEntry* Profile::find(const std::string& key, Phase phase, const std::string& isa) const {
+  for (const ProfileEntry& e : entries)
+    if (e.key == key && e.phase == phase && e.isa == isa) return &e;
+  return nullptr;
+}
+
+std::string profile_path() {
+  const std::string dir = default_jit_cache_dir();
+  if (dir.empty()) return "";
+  char hex[17];
+  const std::string id = this_cpu().id();
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(id.data(), id.size()));
+  return dir + "/tune-" + hex + ".json";
+}
+
+void save_profile(const Profile& p, const std::string& path) {
+  nlohmann::json j;
+  j["format"] = p.format;
+  j["g3attn_version"] = p.version;
+  const CpuIdentity& c = this_cpu();
+  j["cpu"] = {{"id", p.cpu},         {"vendor", c.vendor},     {"model_name", c.model_name},
+              {"family", c.family},  {"model", c.model},       {"stepping", c.stepping},
+              {"features", c.features}};
+  j["threads"] = p.threads;
+  j["entries"] = nlohmann::json::array();
+  for (const ProfileEntry& e : p.entries)
+    j["entries"].push_back({{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
+                            {"ms", e.ms}, {"rel", e.rel}});
+  const std::string text = j.dump(1) + "\n";
+  write_file_atomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+Profile load_profile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(path + ": cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  Profile p;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    p.format = j.at("format").get<int>();
+    if (p.format != 1) throw InputError(path + ": profile format " + std::to_string(p.format) + " is not 1");
+    p.version = j.at("g3attn_version").get<std::string>();
+    p.cpu = j.at("cpu").at("id").get<std::string>();
+    p.threads = j.at("threads").get<int>();
+    for (const auto& e : j.at("entries")) {
+      ProfileEntry pe;
+      pe.key = e.at("key").get<std::string>();
+      pe.isa = e.at("isa").get<std::string>();
+      const std::string phase = e.at("phase").get<std::string>();
+      if (phase != "prefill" && phase != "decode") throw InputError(path + ": unknown phase '" + phase + "'");
+      pe.phase = phase == "prefill" ? Phase::Prefill : Phase::Decode;
+      pe.best = e.at("best").get<std::string>();
+      pe.ms = e.at("ms").get<std::map<std::string, double>>();
+      pe.rel = e.at("rel").get<std::map<std::string, double>>();
+      if (!pe.rel.count(pe.best)) throw InputError(path + ": entry " + pe.key + " has no score for its best backend");
+      if (!find_backend(pe.best)) throw InputError(path + ": unknown backend '" + pe.best + "'");
+      p.entries.push_back(pe);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not a tune profile (" + std::string(e.what()) + ")");
+  }
+  return p;
+}
+
+const Profile* active_profile() {
+  static const Profile* p = [] () -> const Profile* {
+    const std::string path = profile_path();
+    if (path.empty() || !std::ifstream(path)) return nullptr;
+    try {
+      static Profile loaded = load_profile(path);
+      if (loaded.cpu != this_cpu().id()) {
+        warn("tune profile " + path + " was measured on another CPU (" + loaded.cpu + "); using the static rule");
+        return nullptr;
+      }
+      if (loaded.version != g3attn_version()) {
+        warn("tune profile " + path + " is from g3attn " + loaded.version + ", this is " + g3attn_version() +
+             "; using the static rule (run g3attn tune again)");
+        return nullptr;
+      }
+      return &loaded;
+    } catch (const InputError& e) {
+      warn(std::string(e.what()) + "; using the static rule (run g3attn tune again)");
+      return nullptr;
+    }
+  }();
+  return p;
+}
+
+AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa) {
+  AutoRoute r;
+  r.backend = auto_backend().name;
+  r.source = "static rule";
+  if (const Profile* p = active_profile()) {
+    if (const ProfileEntry* e = p->find(key.str(), phase, isa)) {
+      // A backend measured here that cannot serve the key now (e.g. a JIT
+      // left out of this build) keeps the static rule.
+      const Backend* b = find_backend(e->best);
+      if (b && b->in_build && b->why_unavailable(key, isa).empty()) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.2fx", 1 + e->margin());
+        r.backend = e->best;
+        r.source = "profile: " + std::string(buf) + " the next backend";
+        r.from_profile = true;
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace g3

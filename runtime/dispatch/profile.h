@@ -1,0 +1,77 @@
+// Measured routing for `auto`: a tune profile of this CPU (`g3attn tune`
+// writes it, runtime/bench/tune.h) says, for each kernel key, phase and ISA
+// cap, which backend was fastest here and by how much. A speed rule measured
+// on one CPU does not transfer to another (vdpbf16ps is twice the fp32 peak
+// on Zen 4 and half of it on Emerald Rapids), so the profile is keyed by the
+// CPU's identity and g3attn's version, and `auto` falls back to the static
+// rule (backends.cc auto_backend) without a matching one.
+//
+// The file: <cache dir>/tune-<16 hex digits of the CPU identity's hash>.json
+// (the cache directory of the LLVM objects: $G3ATTN_CACHE_DIR, else
+// $XDG_CACHE_HOME/g3attn, else ~/.cache/g3attn):
+//   {"format": 1, "g3attn_version": "...", "cpu": {...}, "threads": N,
+//    "entries": [{"key", "phase": "prefill"|"decode", "isa", "best",
+//                 "ms": {backend: ms, ...}, "rel": {backend: score, ...}}]}
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "generator/kernel_key.h"
+
+namespace g3 {
+
+// A block call's shape class: prefill (many query rows) or decode (a few).
+enum class Phase { Prefill, Decode };
+const char* to_string(Phase p);  // "prefill" | "decode"
+
+// What a profile is valid for: the CPU (vendor, family/model/stepping as
+// CPUID reports them, the ISA features routing depends on) and the version.
+struct CpuIdentity {
+  std::string vendor, model_name, features;
+  int family = 0, model = 0, stepping = 0;
+  std::string id() const;  // one line naming all of the above
+};
+const CpuIdentity& this_cpu();
+std::string g3attn_version();
+
+struct ProfileEntry {
+  std::string key, isa;
+  Phase phase = Phase::Prefill;
+  std::string best;                   // the fastest backend
+  // Per backend measured: the sum over the contexts of the phase of its
+  // median ms, and of its time relative to the fastest of each context (the
+  // score the choice minimises: every context counts alike).
+  std::map<std::string, double> ms, rel;
+  double margin() const;              // runner-up rel / best rel - 1 (0 with one backend)
+};
+
+struct Profile {
+  int format = 1;
+  std::string version, cpu;  // g3attn_version(), this_cpu().id() when written
+  int threads = 0;
+  std::vector<ProfileEntry> entries;
+  const ProfileEntry* find(const std::string& key, Phase phase, const std::string& isa) const;
+};
+
+// Where this CPU's profile lives ("" when no cache directory is known).
+std::string profile_path();
+// Writes atomically (InputError when the directory cannot be written).
+void save_profile(const Profile& p, const std::string& path);
+// Parses a profile file; InputError naming the file when it is not one.
+Profile load_profile(const std::string& path);
+
+// This CPU's profile for this version, read once per process; null when
+// there is none. A corrupt, foreign or stale file prints one warning on
+// stderr and counts as none.
+const Profile* active_profile();
+
+// What auto runs for (key, phase, ISA cap), and where the choice came from:
+// the profile ("profile: xbyak, 1.12x the next") or the static rule.
+struct AutoRoute {
+  std::string backend, source;
+  bool from_profile = false;
+};
+AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
+
+}  // namespace g3

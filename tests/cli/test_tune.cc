@@ -1,0 +1,152 @@
+// `g3attn tune` and the profile `auto` follows (runtime/dispatch/profile.h,
+// runtime/bench/tune.h): the choice rule on given rows, a real tune run
+// writing a profile that plan then reads, and the profiles auto must refuse
+// (corrupt, foreign, stale) with one warning and the static rule. Timings
+// are never asserted; each process reads the profile of its own
+// G3ATTN_CACHE_DIR.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/bench/tune.h"
+#include "runtime/dispatch/isa.h"
+#include "runtime/dispatch/profile.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using nlohmann::json;
+
+g3::bench::Row row(const std::string& backend, const std::string& phase, int64_t ctx, double ms) {
+  g3::bench::Row r;
+  r.backend = r.route = backend;
+  r.key = "k";
+  r.isa = r.isa_cap = "avx3";
+  r.phase = phase;
+  r.context = ctx;
+  r.ms_median = ms;
+  return r;
+}
+
+std::string env_for(const g3test::TempDir& d) { return "G3ATTN_CACHE_DIR='" + d.path + "'"; }
+
+// The profile file this CPU uses under `dir` (its name hashes the CPU).
+std::string profile_in(const g3test::TempDir& d) {
+  const std::string mine = g3::profile_path();
+  REQUIRE(!mine.empty());
+  return d.path + "/" + mine.substr(mine.rfind('/') + 1);
+}
+
+}  // namespace
+
+TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to each context", "[tune]") {
+  // xbyak wins the long context by a little, highway the short one by a lot:
+  // every context counts alike, so highway has the lower score.
+  std::vector<g3::bench::Row> rows = {row("highway", "decode", 4096, 1.0), row("xbyak", "decode", 4096, 2.0),
+                                      row("highway", "decode", 32768, 10.5), row("xbyak", "decode", 32768, 10.0),
+                                      row("highway", "prefill", 4096, 5.0), row("llvm", "prefill", 4096, 4.0),
+                                      row("reference", "prefill", 4096, 1.0), row("auto", "prefill", 4096, 0.5)};
+  const auto entries = g3::bench::entries_from_rows(rows);
+  REQUIRE(entries.size() == 2);
+  for (const g3::ProfileEntry& e : entries) {
+    if (e.phase == g3::Phase::Decode) {
+      CHECK(e.best == "highway");
+      CHECK(e.rel.at("highway") == Approx(1.0 + 10.5 / 10.0));
+      CHECK(e.rel.at("xbyak") == Approx(2.0 + 1.0));
+      CHECK(e.ms.at("xbyak") == Approx(12.0));
+    } else {
+      // The reference and auto rows are never candidates.
+      CHECK(e.best == "llvm");
+      CHECK(e.ms.size() == 2);
+      CHECK(e.margin() == Approx(0.25));
+    }
+  }
+}
+
+TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]") {
+  g3test::TempDir dir;
+  const g3test::CmdResult t =
+      g3test::run_g3attn({"tune", "--model", "1b", "--budget", "8", "--threads", "2", "--json"}, env_for(dir));
+  INFO(t.err);
+  REQUIRE(t.exit_code == 0);
+  const json j = json::parse(t.out);
+  REQUIRE(j["entries"].is_array());
+  REQUIRE(!j["entries"].empty());
+  const g3::Profile p = g3::load_profile(j["profile"].get<std::string>());
+  CHECK(p.cpu == g3::this_cpu().id());
+  CHECK(p.version == g3::g3attn_version());
+  // Plan with auto names the profile as the source of every layer it
+  // covers, and gives no hint to tune.
+  const g3test::CmdResult pl = g3test::run_g3attn({"plan", "--model", "1b", "--json"}, env_for(dir));
+  REQUIRE(pl.exit_code == 0);
+  const json plan = json::parse(pl.out);
+  CHECK_FALSE(plan.contains("hint"));
+  int from_profile = 0;
+  for (const json& l : plan["layers"]) {
+    const g3::ProfileEntry* e =
+        p.find(l["key"].get<std::string>(), g3::Phase::Prefill, g3::best_isa());
+    if (!e) continue;
+    ++from_profile;
+    CHECK(l["backend"] == e->best);
+    CHECK(l["source"].get<std::string>().rfind("profile: ", 0) == 0);
+  }
+  CHECK(from_profile > 0);
+}
+
+TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static rule", "[tune][cli]") {
+  g3test::TempDir dir;
+  const std::string path = profile_in(dir);
+  g3::Profile good;
+  good.version = g3::g3attn_version();
+  good.cpu = g3::this_cpu().id();
+  good.threads = 2;
+  g3::ProfileEntry e;
+  e.key = "dh256_g4_local512_b10000_s1_a0.0625_kvf32_wbf16";
+  e.isa = "scalar";
+  e.best = "reference";  // never the static rule's choice, so its effect shows
+  e.ms = {{"reference", 1.0}};
+  e.rel = {{"reference", 1.0}};
+  good.entries = {e};
+
+  SECTION("a valid profile is followed") {
+    g3::save_profile(good, path);
+    const g3test::CmdResult r =
+        g3test::run_g3attn({"plan", "--model", "1b", "--isa", "scalar", "--json"}, env_for(dir));
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.empty());
+    CHECK(json::parse(r.out)["layers"][0]["backend"] == "reference");
+  }
+  struct Bad {
+    const char* what;
+    std::string text;
+  };
+  g3::Profile foreign = good, stale = good;
+  foreign.cpu = "AuthenticAMD family 25 model 17 stepping 1 (AMD EPYC); avx2";
+  stale.version = "0.0.1";
+  for (const auto& [what, edit] : std::vector<std::pair<std::string, g3::Profile>>{{"foreign", foreign},
+                                                                                      {"stale", stale}}) {
+    SECTION(what) {
+      g3::save_profile(edit, path);
+      const g3test::CmdResult r =
+          g3test::run_g3attn({"plan", "--model", "1b", "--isa", "scalar", "--json"}, env_for(dir));
+      REQUIRE(r.exit_code == 0);
+      CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+      CHECK(r.err.find("warning") != std::string::npos);
+      const json j = json::parse(r.out);
+      CHECK(j["layers"][0]["backend"] == "highway");
+      CHECK(j["layers"][0]["source"] == "static rule");
+    }
+  }
+  SECTION("corrupt") {
+    for (const std::string text : {std::string("{not json"), std::string("{\"format\": 1}"),
+                                   std::string("{\"format\": 7, \"entries\": []}")}) {
+      g3test::write_text(path, text);
+      const g3test::CmdResult r =
+          g3test::run_g3attn({"plan", "--model", "1b", "--isa", "scalar", "--json"}, env_for(dir));
+      INFO(text);
+      REQUIRE(r.exit_code == 0);
+      CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+      CHECK(json::parse(r.out)["layers"][0]["source"] == "static rule");
+    }
+  }
+}
