@@ -5,9 +5,35 @@
 namespace g3 {
 
 namespace {
+
 // True on pool workers and on a caller while it runs items, so a nested
 // parallel_for runs inline instead of waiting for threads that are busy.
 thread_local bool t_inside_pool = false;
+
+// How long a worker spins for the next region, and the caller for the end
+// of one, before sleeping. Between the regions of one block call there are
+// a few microseconds of serial work; between decode steps, a little more.
+// Short enough not to hold a shared machine's cores when the pool is idle.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void pause() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until done() or kSpin has passed; true when done.
+template <class F>
+bool spin_until(const F& done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    pause();
+    // Reading the clock costs more than a pause; look at it now and then.
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return done();
+  }
+}
+
 }  // namespace
 
 int ThreadPool::default_threads() {
@@ -48,25 +74,22 @@ void ThreadPool::run_items() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    // A decode step issues a few hundred short parallel regions; spinning
-    // briefly before sleeping saves the wake-up latency of each one, and the
-    // spin is short enough not to steal a shared machine's cores.
-    auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    while (generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < spin_until) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
-    {
+    auto fresh = [&] { return stop_.load() || generation_.load() != seen; };
+    if (!spin_until(fresh)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_work_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
-      if (stop_) return;
-      seen = generation_.load(std::memory_order_acquire);
+      // Counted before the predicate is read: the caller bumps generation_
+      // before it reads sleepers_ (both sequentially consistent), so either
+      // it sees this sleeper and notifies, or the predicate sees its bump.
+      sleepers_.fetch_add(1);
+      cv_work_.wait(lock, fresh);
+      sleepers_.fetch_sub(1);
     }
+    if (stop_.load()) return;
+    seen = generation_.load();
     run_items();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) cv_done_.notify_all();
+    if (pending_.fetch_sub(1) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);  // so a caller about to sleep sees pending_ == 0 or the notify
+      cv_done_.notify_all();
     }
   }
 }
@@ -78,22 +101,26 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  {
+  job_ = &fn;
+  n_ = n;
+  next_.store(0, std::memory_order_relaxed);
+  error_ = nullptr;
+  pending_.store(static_cast<int>(workers_.size()));
+  generation_.fetch_add(1);  // publishes the job to the workers
+  if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    n_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
-    error_ = nullptr;
-    generation_.fetch_add(1, std::memory_order_release);
+    cv_work_.notify_all();
   }
-  cv_work_.notify_all();
   run_items();
+  auto done = [&] { return pending_.load() == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, done);
+  }
+  job_ = nullptr;
   std::exception_ptr err;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_done_.wait(lock, [&] { return busy_ == 0; });
-    job_ = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
     err = error_;
     error_ = nullptr;
   }

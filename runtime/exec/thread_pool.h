@@ -40,14 +40,20 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // one parallel_for at a time per pool
+  // Hand-off: the caller publishes job_ and n_, then bumps generation_;
+  // workers spin a little on generation_ before they sleep (sleepers_
+  // counts them, so the caller notifies only when someone sleeps), and
+  // count pending_ down when they are done, which the caller spins on
+  // before it sleeps too. A decode step is a few hundred short regions:
+  // a condition-variable round trip per region would show in it.
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
   std::atomic<uint64_t> generation_{0};
-  int busy_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_{0}, sleepers_{0};
+  std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };
 
