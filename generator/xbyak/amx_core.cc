@@ -98,7 +98,7 @@ constexpr int kR = Config::kRows;
 struct QkJit : CodeGenerator {
   const Config cfg;
   const Reg64 reg_args = rdi, reg_q = r8, reg_kt = r9, reg_s = r10;
-  const Reg64 reg_qstride = rax, reg_kstride = rcx, reg_sstride = rdx;
+  const Reg64 reg_qstride = rax, reg_kstride = rcx, reg_sstride = rdx, reg_live = r11;
 
   explicit QkJit(const Config& c) : CodeGenerator(code_size(c)), cfg(c) { generate(); }
   // About 40 bytes per tile instruction, 8 per step of 32 dims.
@@ -113,7 +113,11 @@ struct QkJit : CodeGenerator {
     mov(reg_qstride, qs);
     mov(reg_kstride, ks);
     mov(reg_sstride, ss);
+    mov(reg_live, ptr[reg_args + offsetof(QkCall, live)]);
     for (int j = 0; j < kb / 32; ++j) {  // pairs of key tiles
+      Label skip;
+      bt(reg_live, j);  // keys no row of the group sees: nothing to compute
+      jnc(skip, T_NEAR);
       for (int t = 0; t < 4; ++t) tilezero(Tmm(t));
       for (int c = 0; c < dh / 32; ++c) {  // 32 dims (16 pairs) per step
         tileloadd(tmm4, ptr[reg_q + reg_qstride * 1 + c * 64]);
@@ -129,6 +133,7 @@ struct QkJit : CodeGenerator {
       tilestored(ptr[reg_s + reg_sstride * 1 + j * 128 + 64], tmm1);
       tilestored(ptr[reg_s + reg_sstride * 1 + 16 * ss + j * 128], tmm2);
       tilestored(ptr[reg_s + reg_sstride * 1 + 16 * ss + j * 128 + 64], tmm3);
+      L(skip);
     }
     ret();
   }
@@ -139,6 +144,7 @@ struct PvJit : CodeGenerator {
   const Config cfg;
   const Reg64 reg_args = rdi, reg_p = r8, reg_vp = r9, reg_o = r10, reg_corr = r11;
   const Reg64 reg_pstride = rax, reg_vstride = rcx, reg_ostride = rdx, reg_row = rdx, reg_cnt = rsi;
+  const Reg64 reg_live = r11;  // after the rescale, which walks reg_corr
 
   explicit PvJit(const Config& c) : CodeGenerator(code_size(c)), cfg(c) { generate(); }
   // About 40 bytes per tile instruction and 16 per vector of the rescale.
@@ -153,20 +159,25 @@ struct PvJit : CodeGenerator {
     mov(reg_vp, ptr[reg_args + offsetof(PvCall, vp)]);
     mov(reg_o, ptr[reg_args + offsetof(PvCall, o)]);
     mov(reg_corr, ptr[reg_args + offsetof(PvCall, corr)]);
-    // The online softmax's rescale of the rows' accumulators (skipped when
-    // no row's maximum moved: the driver passes null).
+    // The online softmax's rescale of the rows' accumulators: skipped for a
+    // row whose factor is 1 (its maximum did not move), and for the whole
+    // group when no row's did (the driver passes null).
     Label l_tiles, l_row;
     test(reg_corr, reg_corr);
     jz(l_tiles, T_NEAR);
     mov(reg_row, reg_o);
     mov(reg_cnt, kR);
     L(l_row);
+    Label l_next;
+    cmp(dword[reg_corr], 0x3f800000);  // 1.0f: this row's maximum did not move
+    je(l_next, T_NEAR);
     vbroadcastss(zmm31, ptr[reg_corr]);
     for (int h = 0; h < dh / 16; ++h) {
       const Zmm z(h % 30);
       vmulps(z, zmm31, ptr[reg_row + h * 64]);
       vmovups(ptr[reg_row + h * 64], z);
     }
+    L(l_next);
     add(reg_row, os);
     add(reg_corr, 4);
     dec(reg_cnt);
@@ -175,12 +186,16 @@ struct PvJit : CodeGenerator {
     mov(reg_pstride, ps);
     mov(reg_vstride, vs);
     mov(reg_ostride, os);
+    mov(reg_live, ptr[reg_args + offsetof(PvCall, live)]);
     for (int hp = 0; hp < dh / 32; ++hp) {  // pairs of head_dim tiles
       tileloadd(tmm0, ptr[reg_o + reg_ostride * 1 + hp * 128]);
       tileloadd(tmm1, ptr[reg_o + reg_ostride * 1 + hp * 128 + 64]);
       tileloadd(tmm2, ptr[reg_o + reg_ostride * 1 + 16 * os + hp * 128]);
       tileloadd(tmm3, ptr[reg_o + reg_ostride * 1 + 16 * os + hp * 128 + 64]);
       for (int c = 0; c < kb / 32; ++c) {  // 32 keys (16 pairs) per step
+        Label skip;
+        bt(reg_live, c);  // keys no row of the group sees: all weights 0
+        jnc(skip, T_NEAR);
         tileloadd(tmm4, ptr[reg_p + reg_pstride * 1 + c * 64]);
         tileloadd(tmm6, ptr[reg_vp + reg_vstride * 1 + c * 16 * vs + hp * 128]);
         tdpbf16ps(tmm0, tmm4, tmm6);
@@ -189,6 +204,7 @@ struct PvJit : CodeGenerator {
         tileloadd(tmm5, ptr[reg_p + reg_pstride * 1 + 16 * ps + c * 64]);
         tdpbf16ps(tmm2, tmm5, tmm6);
         tdpbf16ps(tmm3, tmm5, tmm7);
+        L(skip);
       }
       tilestored(ptr[reg_o + reg_ostride * 1 + hp * 128], tmm0);
       tilestored(ptr[reg_o + reg_ostride * 1 + hp * 128 + 64], tmm1);

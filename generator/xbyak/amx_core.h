@@ -52,12 +52,14 @@ struct QkCall {
   const uint16_t* q;  // [kRows][q_ld] bf16 queries of one row group
   const uint32_t* kt; // [head_dim/2][kt_ld] dwords: pair d of key s at kt[d*kt_ld + s]
   float* s;           // [kRows][s_ld] f32 logits out
+  uint64_t live;      // bit j: compute keys 32j .. 32j + 31 (others are left as they were)
 };
 struct PvCall {
   const uint16_t* p;  // [kRows][p_ld] bf16 softmax weights
   const uint32_t* vp; // [kb/2][vp_ld] dwords: (v[2i][h], v[2i+1][h]) at vp[i*vp_ld + h]
   float* o;           // [kRows][o_ld] f32 accumulators: o = o * corr + p . v
   const float* corr;  // [kRows] online-softmax rescale factors; null: all 1, skip the rescale
+  uint64_t live;      // bit c: keys 32c .. 32c + 31 take part (the others' weights are all 0)
 };
 using QkFn = void (*)(const QkCall*);
 using PvFn = void (*)(const PvCall*);

@@ -31,6 +31,7 @@
 // amx_permission.h said the CPU and the kernel allow the tiles.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "generator/xbyak/amx_core.h"
@@ -79,7 +80,49 @@ struct Buffers {
   Scratch<int32_t> kp, kv;
   Scratch<g3_row_bounds> rb;
   Scratch<g3_row_set> sets;
+  Scratch<g3_tile_info> sub;
 };
+
+// Keys per sub-tile of a block that is partial for a row or a group: the 32
+// keys of a pair of key tiles in the QK kernel and of one step of the PV
+// kernel, so a sub-tile hidden from a whole group is skipped by both.
+constexpr int64_t kSub = 32;
+
+// One row's softmax step over a block that is partial for it: the block's
+// sub-tiles of kSub keys, classified against the row (mask_rule.h), in runs
+// of one class. A hidden run gets zero weights and no step; a fully visible
+// run a step without per-element masking; a partial run the masked step.
+// Each step is an online-softmax step of its own (templates/softmax-inl.h):
+// when it raises the row's maximum, the weights of the runs before it are
+// rescaled by its factor, and the row's factor for O is the product. The
+// masked step costs about 2.5 times the unmasked one per key, and the
+// blocks that are partial for a row (the causal diagonal, a window's edge,
+// a ring's wrap) are mostly hidden or fully visible keys around one edge.
+void partial_row(const FlashOps& fo, int64_t k0, float* srow, const int32_t* kp, const int32_t* kv,
+                 const g3_row_bounds* rb, float* m, float* l, float* corr, const g3_tile_info* sub, int kb) {
+  g3_row_set one = g3_row_set_empty();
+  g3_row_set_add(&one, *rb);
+  float total = 1.0f;
+  const int nsub = int(kb / kSub);
+  for (int u0 = 0; u0 < nsub;) {
+    const int cls = g3_classify(&sub[u0], &one);
+    int u1 = u0 + 1;
+    while (u1 < nsub && g3_classify(&sub[u1], &one) == cls) ++u1;
+    const int64_t c0 = u0 * kSub, c1 = u1 * kSub;
+    if (cls == G3_TILE_SKIP) {
+      std::memset(srow + c0, 0, size_t(c1 - c0) * sizeof(float));
+    } else {
+      float cr = 1.0f;
+      fo.softmax_tile(srow + c0, 0, 1, c1 - c0, cls == G3_TILE_FULL, k0 + c0, kp + c0, kv + c0, rb, m, l, &cr);
+      if (cr != 1.0f) {
+        for (int64_t j = 0; j < c0; ++j) srow[j] *= cr;
+        total *= cr;
+      }
+    }
+    u0 = u1;
+  }
+  *corr = total;
+}
 
 }  // namespace
 
@@ -246,14 +289,32 @@ void core(const Context* ctx, const g3_core_args* a) {
   uint16_t* p = b.p.Get(size_t(kR * p_ld));
   int32_t* kp = b.kp.Get(size_t(kb));
   int32_t* kv = b.kv.Get(size_t(kb));
+  g3_tile_info* sub = b.sub.Get(size_t(kb / kSub));
   const bool bf16 = c.bf16_kv;
 
+  // Blocks of kb slots, except that one ends where the stored positions
+  // first go down: a ring buffer (a local layer's cache) wraps there, and a
+  // block holding both the newest and the oldest positions would be partial
+  // for every row. A block [k0, k1) is summarised as if the cache ended at
+  // k1, so the slots after it read as missing (zeros, masked).
+  int64_t wrap = 0;
+  for (int64_t s0 = 1, prev = -1; s0 < S; ++s0) {
+    if (!a->kvalid[s0 - 1]) continue;
+    prev = s0 - 1;
+    if (a->kvalid[s0] && a->kpos[s0] < a->kpos[prev]) {
+      wrap = s0;
+      break;
+    }
+  }
+  auto block_end = [&](int64_t k0) { return std::min(k0 < wrap ? wrap : S, k0 + kb); };
+  g3_core_args upto = *a;  // `a` with S = the current block's end
   // The blocks some row of the call sees, in slot order: `next` is the
   // first from k0 on (s0 == S when none is left).
   g3_tile_info next{};
   auto find_next = [&](int64_t k0) {
-    for (; k0 < S; k0 += kb) {
-      next = g3_tile_info_of(a, k0, kb);
+    for (; k0 < S; k0 = block_end(k0)) {
+      upto.S = block_end(k0);
+      next = g3_tile_info_of(&upto, k0, kb);
       if (g3_classify(&next, &all) != G3_TILE_SKIP) return;
     }
     next.s0 = S;
@@ -263,9 +324,10 @@ void core(const Context* ctx, const g3_core_args* a) {
   while (next.s0 < S) {
     const g3_tile_info ti = next;
     const int64_t k0 = ti.s0;
-    prep_keys(a->k, bf16, S, k0, int(kb), int(dh), kt, kt_ld);
-    prep_values(a->v, bf16, a->kvalid, S, k0, int(kb), int(dh), vp, vp_ld);
-    find_next(k0 + kb);
+    const int64_t k1 = ti.s1;  // the block's end (at most k0 + kb)
+    prep_keys(a->k, bf16, k1, k0, int(kb), int(dh), kt, kt_ld);
+    prep_values(a->v, bf16, a->kvalid, k1, k0, int(kb), int(dh), vp, vp_ld);
+    find_next(k1);
     Prefetch pf;
     if (next.s0 < S) pf.start(a, next, dh, bf16 ? 2 : 4, ngroups * (kR + 2));
     bool have_mask = false;
@@ -273,32 +335,60 @@ void core(const Context* ctx, const g3_core_args* a) {
       const int cls = g3_classify(&ti, &sets[grp]);
       if (cls == G3_TILE_SKIP) continue;
       if (cls != G3_TILE_FULL && !have_mask) {
-        // The block's positions and validity for per-element masking; slots
-        // past the cache are invalid.
+        // The block's positions and validity for per-element masking (slots
+        // past the cache are invalid), and its sub-tiles' summaries.
         for (int64_t j = 0; j < kb; ++j) {
           const int64_t slot = k0 + j;
-          kp[j] = slot < S ? a->kpos[slot] : 0;
-          kv[j] = slot < S && a->kvalid[slot] ? -1 : 0;
+          kp[j] = slot < k1 ? a->kpos[slot] : 0;
+          kv[j] = slot < k1 && a->kvalid[slot] ? -1 : 0;
         }
+        upto.S = k1;
+        for (int64_t u = 0; u < kb / kSub; ++u) sub[u] = g3_tile_info_of(&upto, k0 + u * kSub, kSub);
         have_mask = true;
       }
       const int64_t r0 = grp * kR;
       // Step E: logits of the group's 32 rows against the block.
-      const QkCall qc{qb + r0 * q_ld, kt, s};
+      // The 32-key sub-tiles some row of the group sees: the tile kernels
+      // skip the others (a partial block is often half hidden from a group).
+      uint64_t live = ~uint64_t(0);
+      if (cls != G3_TILE_FULL) {
+        live = 0;
+        for (int64_t u = 0; u < kb / kSub; ++u)
+          if (g3_classify(&sub[u], &sets[grp]) != G3_TILE_SKIP) live |= uint64_t(1) << u;
+      }
+      const QkCall qc{qb + r0 * q_ld, kt, s, live};
       ctx->qk(&qc);
       pf.dose();
       // Steps G-H: the shared masked online softmax, a row at a time so the
-      // prefetch doses come between them.
+      // prefetch doses come between them, and each row classified on its own
+      // when the group's rows differ: a row the block is hidden from (padding
+      // rows; on a local layer's ring, the rows past the wrapped slots' window)
+      // gets zero weights and no softmax step, and a row that sees all of it
+      // needs no per-element mask.
       for (int64_t r = 0; r < kR; ++r) {
-        fo.softmax_tile(s + r * s_ld, s_ld, 1, kb, cls == G3_TILE_FULL, k0, kp, kv, rb + r0 + r, m + r0 + r,
-                        l + r0 + r, corr + r0 + r);
+        const int64_t row = r0 + r;
+        int rcls = cls;
+        if (cls != G3_TILE_FULL) {
+          g3_row_set one = g3_row_set_empty();
+          g3_row_set_add(&one, rb[row]);
+          rcls = g3_classify(&ti, &one);
+        }
+        float* srow = s + r * s_ld;
+        if (rcls == G3_TILE_SKIP) {
+          std::memset(srow, 0, size_t(kb) * sizeof(float));
+          corr[row] = 1.0f;
+        } else if (rcls == G3_TILE_FULL) {
+          fo.softmax_tile(srow, s_ld, 1, kb, 1, k0, kp, kv, rb + row, m + row, l + row, corr + row);
+        } else {
+          partial_row(fo, k0, srow, kp, kv, rb + row, m + row, l + row, corr + row, sub, int(kb));
+        }
         pf.dose();
       }
       // Step I with bf16 weights: O = O corr + bf16(p) V.
       rows_to_bf16(s, s_ld, p, p_ld, kR, int(kb));
       bool ones = true;
       for (int64_t r = 0; r < kR; ++r) ones = ones && corr[r0 + r] == 1.0f;
-      const PvCall pc{p, vp, o + r0 * o_ld, ones ? nullptr : corr + r0};
+      const PvCall pc{p, vp, o + r0 * o_ld, ones ? nullptr : corr + r0, live};
       ctx->pv(&pc);
       pf.dose();
     }
