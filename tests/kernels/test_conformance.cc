@@ -8,9 +8,10 @@
 // Two kinds of route:
 //  - kernel routes call a backend's own build entry for a key and ISA (the
 //    reference's contract kernels on scalar, Highway on every target compiled
-//    and runnable here, LLVM on every ISA cap this CPU runs, Xbyak on avx2
-//    and avx3), so what runs is that backend by construction; the kernels
-//    must target the ISA asked for;
+//    and runnable here, a JIT on every ISA cap this CPU runs where it serves
+//    the body's keys: LLVM on all, Xbyak on avx2 and avx3, AMX on avx3_dl in
+//    the bf16 compute mode), so what runs is that backend by construction;
+//    the kernels must target the ISA asked for;
 //  - runtime routes go through the kernel registry (prepare_layer,
 //    run_apply), which may fall back: every check asserts that the backend
 //    asked for is the one that ran, so a fallback to Highway is never a pass
@@ -38,7 +39,8 @@
 // What only one backend has is tested in that backend's suite:
 // test_hwy_attention (specialised vs generic kernels), test_llvm and
 // test_jit_cache (targets, the memo, the on-disk cache), test_xbyak
-// (availability, the vdpbf16ps opt-in path).
+// (availability, the vdpbf16ps opt-in path), test_amx (tile permission and
+// refusals).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -88,10 +90,13 @@ std::vector<std::string> jit_isas(const std::string& backend) {
   return g3::isa_names();
 }
 
-// The ISAs a backend's own kernels are tested on: the reference on scalar;
-// Highway on every target compiled and runnable here; LLVM on every cap
-// this CPU runs; Xbyak on its two code levels (avx3_dl gets avx3 code).
-std::vector<Route> kernel_routes(const std::string& backend) {
+// The ISAs a backend's own kernels are tested on for a body whose cases use
+// `keys`: the reference on scalar; Highway on every target compiled and
+// runnable here; a JIT on every cap this CPU runs (Xbyak on its two code
+// levels) where it serves at least one of the keys. A route that serves
+// none (Xbyak below avx2, AMX outside avx3_dl or in the f32 compute mode)
+// is printed as skipped with the backend's reason for the first key.
+std::vector<Route> kernel_routes(const std::string& backend, const std::vector<g3::KernelKey>& keys) {
   std::vector<Route> v;
   if (backend == "reference") {
     v.push_back({backend, "scalar"});
@@ -99,8 +104,15 @@ std::vector<Route> kernel_routes(const std::string& backend) {
     for (const auto& isa : g3test::highway_test_isas()) v.push_back({backend, isa});
     REQUIRE_FALSE(v.empty());  // Highway's scalar target always runs
   } else {
-    for (const auto& isa : jit_isas(backend))
-      if (g3test::backend_runs_here(backend, isa, g3test::Through::Kernel)) v.push_back({backend, isa});
+    const g3::Backend* b = g3::find_backend(backend);
+    REQUIRE(b != nullptr);
+    for (const auto& isa : jit_isas(backend)) {
+      if (!g3test::backend_runs_here(backend, isa, g3test::Through::Kernel)) continue;
+      if (std::any_of(keys.begin(), keys.end(), [&](const g3::KernelKey& k) { return b->why_unavailable(k, isa).empty(); }))
+        v.push_back({backend, isa});
+      else if (!keys.empty())
+        std::printf("skipped: %s %s (%s)\n", backend.c_str(), isa.c_str(), b->why_unavailable(keys[0], isa).c_str());
+    }
   }
   return v;
 }
@@ -109,7 +121,7 @@ std::vector<Route> kernel_routes(const std::string& backend) {
 // serves here (backend_runs_here); the reference ignores the ISA.
 std::vector<Route> runtime_routes(const std::string& backend) {
   if (backend == "reference") return {{backend, "scalar"}};
-  if (backend == "highway") return kernel_routes(backend);
+  if (backend == "highway") return kernel_routes(backend, {});
   std::vector<Route> v;
   for (const auto& isa : jit_isas(backend))
     if (g3test::backend_runs_here(backend, isa)) v.push_back({backend, isa});
@@ -470,7 +482,9 @@ CoreDiff compare_core(const CoreExpect& e, const CoreCall::Outputs& got) {
 // invalid slots hold NaN), and the same call with zeros or -Inf in the
 // invalid slots gives the same bits: invalid slots never touch an output.
 void core_equals_reference(const std::string& backend, const std::vector<CoreCase>& cases) {
-  const std::vector<Route> routes = kernel_routes(backend);
+  std::vector<g3::KernelKey> keys;
+  for (const CoreCase& c : cases) keys.push_back(c.key);
+  const std::vector<Route> routes = kernel_routes(backend, keys);
   for (const CoreCase& c : cases) {
     const CoreExpect e(CoreCall::random(c.spec));
     const bool has_invalid = std::count(e.call.kvalid.begin(), e.call.kvalid.end(), 0) > 0;
@@ -522,7 +536,7 @@ void split_call_equals_whole(const std::string& backend) {
   const CoreSpec s{.head_dim = 64, .group = 2, .window = 21, .T = 50, .S = 50, .causal = G3_CAUSAL_SLOTS, .seed = 9};
   const g3::KernelKey key = generic_key(s);
   const CoreCall d = CoreCall::random(s);
-  for (const Route& r : kernel_routes(backend)) {
+  for (const Route& r : kernel_routes(backend, {key})) {
     const g3::BackendKernels* k = route_kernels(key, r);
     if (!k) continue;
     CoreCall::Outputs whole = d.run(k->table.core), parts;
@@ -640,7 +654,9 @@ QkDiff compare_qk(const QkCall& d, const QkCall::Outputs& got, const QkCall::Out
 
 // Body: every QK stage of the backend equals the reference.
 void qk_equals_reference(const std::string& backend) {
-  const std::vector<Route> routes = kernel_routes(backend);
+  std::vector<g3::KernelKey> keys;
+  for (const QkCase& c : qk_cases()) keys.push_back(c.key);
+  const std::vector<Route> routes = kernel_routes(backend, keys);
   std::set<std::string> without_qk;
   for (const QkCase& c : qk_cases()) {
     const QkCall d = QkCall::random(c.spec);
@@ -780,19 +796,35 @@ void golden_cases_pass(const std::string& backend) {
 
 }  // namespace
 
-// Each body once per backend of the table; the test below keeps this list
-// and the table equal.
-#define G3_CONFORMANCE(title, tags, body)                            \
-  TEST_CASE(title ": reference", tags) { body("reference"); }       \
-  TEST_CASE(title ": highway", tags) { body("highway"); }           \
-  TEST_CASE(title ": llvm", tags) { body("llvm"); }                 \
-  TEST_CASE(title ": xbyak", tags) { body("xbyak"); }
+namespace {
 
-TEST_CASE("the conformance suite instantiates every backend of the table", "[conformance]") {
-  std::vector<std::string> names;
-  for (const g3::Backend& b : g3::backends()) names.push_back(b.name);
-  CHECK(names == std::vector<std::string>{"reference", "highway", "llvm", "xbyak"});
+// One test per backend of the table for a body, "<title>: <backend>", the
+// way Highway instantiates one test body per target: a backend added to the
+// table is tested here with no edit, and each (body, backend) is its own
+// CTest test.
+class PerBackend : public Catch::ITestInvoker {
+ public:
+  PerBackend(void (*body)(const std::string&), std::string backend) : body_(body), backend_(std::move(backend)) {}
+  void invoke() const override { body_(backend_); }
+
+ private:
+  void (*body_)(const std::string&);
+  std::string backend_;
+};
+
+int register_per_backend(const char* title, const char* tags, void (*body)(const std::string&), const char* file,
+                         size_t line) {
+  for (const g3::Backend& b : g3::backends())
+    Catch::AutoReg(new PerBackend(body, b.name), Catch::SourceLineInfo(file, line), Catch::StringRef(),
+                   Catch::NameAndTags{std::string(title) + ": " + b.name, tags});
+  return 0;
 }
+
+}  // namespace
+
+#define G3_CONFORMANCE(title, tags, body)                          \
+  static const int INTERNAL_CATCH_UNIQUE_NAME(g3_conformance_) = \
+      register_per_backend(title, tags, body, __FILE__, __LINE__);
 
 void core_cases_pass(const std::string& backend) { core_equals_reference(backend, core_cases()); }
 void tile_grid_passes(const std::string& backend) { core_equals_reference(backend, tile_grid_cases()); }

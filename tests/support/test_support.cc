@@ -316,7 +316,7 @@ bool backend_runs_here(const std::string& backend, const std::string& isa_in, Th
     // cannot run any backend (the sanitizer build compiles AVX2 and scalar
     // only); Highway's own kernels exist only for its compiled targets.
     why = isa + " is not compiled into this build";
-  } else {
+  } else if (via == Through::Runtime || !b->in_build) {
     why = b->why_unavailable(probe, isa);  // not in this build, an ISA cap below what the JIT emits, ...
   }
   if (why.empty()) return true;

@@ -117,6 +117,10 @@ std::vector<std::string> highway_test_isas();
 enum class Through { Runtime, Kernel };
 // Whether `backend` (any --backend name but auto) serves cap `isa` ("best"
 // allowed) in this build on this CPU; prints the skip line when not.
+// Through the runtime it is asked about a plain f32 key (head_dim 64);
+// through its kernels only whether it is built and the CPU runs the ISA,
+// since which keys it serves there is the caller's question
+// (Backend::why_unavailable).
 bool backend_runs_here(const std::string& backend, const std::string& isa, Through via = Through::Runtime);
 
 // For the lifetime of the object (a global in a suite that builds JIT
