@@ -5,17 +5,21 @@
 //
 //   q -> bf16 once; O = 0; m, l = nothing seen (FlashOps)
 //   tile configuration (ldtilecfg)
-//   for each block of kb keys that some row of the call sees:
+//   for each block of kb keys that some row of the call sees (a block also
+//   ends where a ring's stored positions wrap):
 //     K block -> K^T pairs, V block -> key pairs (bf16, rounded to nearest
 //       even from an f32 cache; invalid and missing slots' V are zeros)
 //     for each row group: classify the block against the group
 //       (mask_rule.h): hidden from every row (skip: a local layer costs
 //       O(T x W), the causal corner of a prefill tile is skipped), visible in
 //       full (no per-element mask) or partial;
-//       S = Q K^T                  tile kernel
-//       masked online softmax      FlashOps (templates/softmax-inl.h)
+//       S = Q K^T                  tile kernel (32-key steps no row sees skipped)
+//       online softmax, a row at a time (FlashOps, templates/softmax-inl.h):
+//         the row's own class; on a partial block, runs of 32-key sub-tiles
+//         (hidden: zero weights; visible: unmasked; partial: masked)
 //       P = bf16(p)
 //       O = O corr + P V           tile kernel
+//     with prefetches of the next block's cache rows between the rows
 //   tilerelease
 //   out = O / l, lse = m + log l   FlashOps (zeros and -inf for a row that saw
 //                                  no key)
