@@ -47,4 +47,6 @@ bool target_runs_here(int64_t target) {
   return target == HWY_SCALAR || (hwy::SupportedTargets() & target) != 0;
 }
 
+bool isa_compiled(const std::string& n) { return (HWY_TARGETS & isa_target_bit(n)) != 0; }
+
 }  // namespace g3

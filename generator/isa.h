@@ -28,5 +28,7 @@ int64_t isa_target_bit(const std::string& name);
 // before handing out a target's functions, so a missing instruction set is
 // a clear message and never SIGILL; Highway's scalar fallback runs anywhere.
 bool target_runs_here(int64_t target);
+// Whether this build compiled Highway code for the ISA named (HWY_TARGETS).
+bool isa_compiled(const std::string& name);
 
 }  // namespace g3

@@ -109,6 +109,7 @@
 #include <xbyak/xbyak.h>
 
 #include "generator/errors.h"
+#include "generator/isa.h"
 #include "generator/xbyak/amx_core.h"
 #include "generator/xbyak/amx_permission.h"
 
@@ -320,6 +321,11 @@ bool plan(const KernelKey& key, const std::string& isa, Config* cfg, std::string
   if (isa != "avx3_dl")
     return fail("the ISA cap " + isa +
                 " excludes AMX tiles, which only --isa avx3_dl or best (on a CPU with AMX) allows");
+  // The softmax steps (flash_ops) and decode-sized calls run Highway's
+  // avx3_dl code, so the core needs that target in the build.
+  if (!isa_compiled("avx3_dl"))
+    return fail("the amx core runs its softmax and decode-sized calls on Highway's avx3_dl target, which "
+                "this build did not compile (HWY_DISABLED_TARGETS)");
   if (key.compute != DType::BF16)
     return fail("the amx core computes in bf16, rounding q, K, p and V, and this kernel key is in the " +
                 std::string(to_string(key.compute)) + " compute mode; --compute bf16 selects it");

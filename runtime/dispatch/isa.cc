@@ -30,8 +30,6 @@ std::string requested_isa(const std::string& flag) {
   return name;
 }
 
-bool isa_compiled(const std::string& n) { return (HWY_TARGETS & isa_target_bit(n)) != 0; }
-
 bool isa_supported_by_cpu(const std::string& n) {
   const int64_t bit = isa_target_bit(n);
   return bit != 0 && target_runs_here(bit);

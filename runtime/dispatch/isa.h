@@ -20,7 +20,6 @@ std::string resolve_isa(const std::string& name);
 // requested_isa then resolve_isa.
 std::string isa_from_flag(const std::string& flag_value);
 
-bool isa_compiled(const std::string& name);
 bool isa_supported_by_cpu(const std::string& name);
 // Why an ISA cannot run here ("" when it can).
 std::string isa_unavailable_reason(const std::string& name);
