@@ -2,7 +2,8 @@
 # packages that are missing, then configures and builds Release in build/.
 # Quick when nothing changed: no apt call, an incremental build.
 
-G3_PACKAGES=(cmake make g++ libhwy-dev libxbyak-dev catch2 llvm-19-dev nlohmann-json3-dev clang libclang-rt-14-dev)
+G3_PACKAGES=(cmake make g++ pkg-config libhwy-dev libxbyak-dev catch2 llvm-19-dev nlohmann-json3-dev libdnnl-dev ocl-icd-opencl-dev
+             libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 
 g3_install_packages() {
   local missing=()

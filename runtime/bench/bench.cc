@@ -56,7 +56,11 @@ std::string Row::shape_id() const {
 }
 std::string Row::label() const { return backend == "auto" ? "auto(" + route + ")" : backend; }
 
-std::string Row::match_id() const { return backend + "|" + isa + "|" + shape_id(); }
+std::string Row::match_id() const { return backend + "|" + isa + "|" + proj + "|" + shape_id(); }
+std::string Row::proj_label() const {
+  if (proj.empty()) return "-";
+  return proj == "auto" ? "auto(" + proj_route + ")" : proj;
+}
 
 namespace {
 
@@ -232,12 +236,35 @@ struct Combo {
   bool ok = false;
 };
 
-// The layer of a shape with a combo's kernels (the packed weights shared).
-PreparedLayer layer_for(const PreparedLayer& base, const Shape& sh, const Combo& c) {
+// The layer of a shape with a combo's kernels (the packed weights shared)
+// and, for projections and block rows, the projection provider `proj`
+// (highway, onednn or auto, resolved as prepare_layer resolves it). The
+// oneDNN copy of the weights is made once, on the shared base.
+PreparedLayer layer_for(PreparedLayer& base, const Shape& sh, const Combo& c, const std::string& proj = "") {
+  ProjProvider pp[2] = {ProjProvider::Highway, ProjProvider::Highway};
+  if (!proj.empty())
+    for (Phase ph : {Phase::Prefill, Phase::Decode}) {
+      pp[size_t(ph)] = resolve_projection(parse_projection_route(proj), ph, sh.compute, c.choice.stages[Stage::Gemm],
+                                          c.isa_req != best_isa());
+      if (pp[size_t(ph)] == ProjProvider::Onednn && !base.onednn_qkv) set_layer_projection(base, ph, ProjProvider::Onednn);
+    }
   PreparedLayer L = base;
   L.key = kernel_key(sh.spec, sh.kv, base.key.weight_dtype, sh.compute);
   L.kernels = L.decode = c.choice;
+  for (Phase ph : {Phase::Prefill, Phase::Decode}) set_layer_projection(L, ph, pp[size_t(ph)]);
   return L;
+}
+
+// The projection providers a shape's rows run: each of --proj on
+// projections and block rows (by default highway and onednn on projections
+// rows, auto on block rows); none ("") on attention-core rows. The
+// reference backend's rows always run its own GEMM (auto keeps it).
+std::vector<std::string> projs_for(const Options& o, const Shape& sh, const std::string& backend) {
+  if (sh.phase != "projections" && sh.phase != "block") return {""};
+  if (backend == "reference") return {"auto"};
+  if (!o.projs.empty()) return o.projs;
+  if (sh.phase == "projections") return {"highway", "onednn"};
+  return {"auto"};
 }
 
 class Notes {
@@ -275,6 +302,7 @@ void validate(const Options& o) {
   for (const auto& m : o.models) builtin_model(m);  // InputError listing the sizes
   if (o.new_tokens < 1) throw InputError("--new-tokens must be at least 1");
   if (o.batch < 1) throw InputError("--batch must be at least 1");
+  for (const auto& p : o.projs) parse_projection_route(p);  // InputError naming --proj
   bool needs_prefill_ctx = false;
   for (const auto& p : o.phases) {
     if (phase_rank(p) >= int(phase_names().size()))
@@ -451,7 +479,7 @@ Result run_bench(Options o) {
   // A model's layer of each kind with random weights, packed once per
   // weight dtype; every row's layer shares them (layer_for).
   std::map<std::string, PreparedLayer> bases;
-  auto base_for = [&](const Shape& sh) -> const PreparedLayer& {
+  auto base_for = [&](const Shape& sh) -> PreparedLayer& {
     const std::string id =
         sh.model + "|" + to_string(sh.spec.kind) + "|" + to_string(o.weight_dtype) + "|" + to_string(sh.compute);
     auto it = bases.find(id);
@@ -493,25 +521,38 @@ Result run_bench(Options o) {
   Env env;
   std::set<std::string> done_rows;
   // How many rows will be attempted, for the progress lines.
-  const size_t total = shapes.size() * o.backends.size() * isas.size();
+  const size_t total = shapes.size() * o.backends.size() * isas.size() * std::max<size_t>(1, o.projs.size());
   size_t attempt = 0;
 
   for (const Shape& sh : shapes) {
     const KernelKey key =
         kernel_key(sh.spec, sh.kv, sh.compute == DType::BF16 ? DType::BF16 : o.weight_dtype, sh.compute);
     for (const auto& backend : o.backends)
-      for (const auto& isa : isas) {
+      for (const auto& isa : isas)
+        for (const std::string& proj : projs_for(o, sh, backend)) {
         ++attempt;
         const Phase phase = sh.T <= BlockSplit{}.decode_max_tokens ? Phase::Decode : Phase::Prefill;
         Combo& c = combo_for(key, backend, isa, phase);
         if (!c.ok) continue;
+        // oneDNN picks its own ISA at run time (it does not honour --isa):
+        // its rows are measured once, on the best ISA.
+        if (proj == "onednn" && isa != best_isa()) {
+          notes.add("proj onednn on " + isa + " skipped: oneDNN picks its own ISA, so its rows run once, on " +
+                    best_isa());
+          continue;
+        }
         // The same code under another requested ISA (the reference ignores
         // the ISA; a JIT may cap lower): measure it once.
-        const std::string row_key = backend + "|" + c.isa + "|" + sh.model + "|" + sh.kind + "|" + sh.phase + "|" +
-                                    sh.kv_label + "|" + to_string(sh.compute) + "|" + std::to_string(sh.T) + "|" +
-                                    std::to_string(sh.C);
+        // oneDNN's projections rows run the same code under every backend
+        // (the attention core is not part of them): measured once.
+        const bool any_backend = sh.phase == "projections" && proj == "onednn";
+        const std::string row_key = (any_backend ? "*" : backend) + "|" + c.isa + "|" + proj + "|" + sh.model + "|" + sh.kind + "|" +
+                                    sh.phase + "|" + sh.kv_label + "|" + to_string(sh.compute) + "|" +
+                                    std::to_string(sh.T) + "|" + std::to_string(sh.C);
         if (done_rows.count(row_key)) {
-          if (backend == "reference")
+          if (any_backend)
+            notes.add("proj onednn projections rows do not depend on the backend: measured once, under the first");
+          else if (backend == "reference")
             notes.add("backend reference runs the same scalar code whatever the ISA: measured once, as scalar");
           else if (c.isa != isa)
             notes.add("backend " + backend + " on " + isa + " runs " + c.isa + " code: measured once, as " + c.isa);
@@ -522,7 +563,7 @@ Result run_bench(Options o) {
           continue;
         }
         // Predict the time of one run; skip it when over budget.
-        const std::string rate_id = backend + "|" + c.isa + "|" + sh.phase + "|" + std::to_string(sh.T == 1);
+        const std::string rate_id = backend + "|" + c.isa + "|" + proj + "|" + sh.phase + "|" + std::to_string(sh.T == 1);
         double predicted = 0;
         if (auto it = rate.find(rate_id); it != rate.end()) {
           predicted = (sh.core_flops + sh.proj_flops) / it->second;
@@ -538,7 +579,13 @@ Result run_bench(Options o) {
                     fmt("%.1f", kRunBudgetSeconds) + " s)");
           continue;
         }
-        const PreparedLayer L = layer_for(base_for(sh), sh, c);
+        PreparedLayer L;
+        try {
+          L = layer_for(base_for(sh), sh, c, proj);
+        } catch (const InputError& e) {
+          notes.add("proj " + proj + " skipped: " + e.what());
+          continue;
+        }
         prepare_env(pool, env, sh, L, o.new_tokens);
         run_once(pool, sh, L, env);  // warm-up: JIT first calls, page faults, caches
         std::vector<double> ms;
@@ -558,6 +605,11 @@ Result run_bench(Options o) {
         Row row;
         row.backend = backend;
         row.route = c.choice.backend;
+        row.proj = proj;
+        // The provider that ran, by the name of its code: "highway" is the
+        // kernel table's GEMM, the reference's own for the reference.
+        if (!proj.empty())
+          row.proj_route = L.proj_for_rows(sh.B * sh.T) == ProjProvider::Onednn ? "onednn" : c.choice.stages[Stage::Gemm];
         row.key = key.str();
         row.isa_cap = isa;
         row.isa = c.isa;
@@ -589,9 +641,10 @@ Result run_bench(Options o) {
         rate[rate_id] = row.flops / (row.ms_median * 1e-3);
         if (!c.choice.fallback.empty()) notes.add("backend " + backend + ": " + c.choice.fallback);
         if (o.progress) {
-          std::fprintf(stderr, "[%zu/%zu] %s %s %s %s %s ctx %s new %lld: %.3f ms\n", attempt, total,
+          std::fprintf(stderr, "[%zu/%zu] %s %s %s %s %s%s ctx %s new %lld: %.3f ms\n", attempt, total,
                        row.label().c_str(), c.isa.c_str(), sh.model.c_str(), sh.kind.c_str(), sh.phase.c_str(),
-                       ctx_str(row.context).c_str(), (long long)sh.T, row.ms_median);
+                       proj.empty() ? "" : (" proj " + row.proj_label()).c_str(), ctx_str(row.context).c_str(),
+                       (long long)sh.T, row.ms_median);
           std::fflush(stderr);
         }
         res.rows.push_back(std::move(row));

@@ -47,6 +47,10 @@ struct Options {
   std::vector<DType> kv_dtypes = {DType::F32};
   std::vector<DType> computes = {DType::F32};     // compute modes (kernel_key.h)
   DType weight_dtype = DType::BF16;
+  // Projection providers (onednn_route.h) of projections and block rows:
+  // highway, onednn, auto. Empty: projections rows run highway and onednn,
+  // block rows auto (the layer's route).
+  std::vector<std::string> projs;
   bool progress = false;          // one line per row on stderr while running
   double budget_seconds = 0;      // > 0: rows that would start after this many seconds are skipped (noted)
 };
@@ -63,6 +67,12 @@ struct Row {
   // `backend`, or "auto(<route>)" for auto rows: the name tables, CSV and
   // charts show.
   std::string label() const;
+  // Projections and block rows: the projection provider asked for
+  // (highway, onednn or auto) and the one that ran the row's calls; empty
+  // on attention-core rows. proj_label() is "auto(onednn)" for auto, the
+  // provider otherwise, "-" on core rows.
+  std::string proj, proj_route;
+  std::string proj_label() const;
   int batch = 1;
   int64_t new_tokens = 0;
   std::optional<int64_t> context;  // empty for projections (no keys)
@@ -79,7 +89,8 @@ struct Row {
   StageBackends stages;           // backend of each stage
   // Everything but backend and ISA: rows with equal shape_id compete.
   std::string shape_id() const;
-  // shape_id plus backend and ISA: how --compare matches rows.
+  // shape_id plus backend, ISA and projection provider: how --compare
+  // matches rows.
   std::string match_id() const;
 };
 

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "generator/xbyak/amx_permission.h"
+
 namespace g3::bench {
 
 namespace {
@@ -171,6 +173,45 @@ __attribute__((target("avx512bf16,avx512f"))) float bf16_loop(int64_t iters) {
 }
 constexpr double kFlopsPerIterBf16 = 16.0 * 64;
 
+// AMX tdpbf16ps: one instruction multiplies a 16 x 32 bf16 tile by a
+// 32 x 16 one (stored as 16 rows of bf16 pairs) into a 16 x 16 f32 tile,
+// 16 x 16 x 32 x 2 = 16384 flops. Four accumulator tiles (0-3) over two A
+// tiles (4, 5) and two B tiles (6, 7), the 2x2 arrangement of the AMX
+// attention core, keep independent dot products in flight; the operands
+// stay in their tiles, so the loop measures the tile unit alone. Inputs are
+// bf16 2^-8 (0x3b80): each instruction adds 32 x 2^-16 to an accumulator,
+// far from overflow. The tile configuration (palette 1) is per thread.
+__attribute__((target("amx-tile,amx-bf16"))) float amx_loop(int64_t iters) {
+  alignas(64) uint8_t cfg[64] = {};
+  cfg[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;  // bytes per row (colsb), little-endian u16
+    cfg[48 + t] = 16;      // rows
+  }
+  alignas(64) uint16_t src[16 * 32];
+  for (auto& v : src) v = 0x3b80;
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+constexpr double kFlopsPerIterAmx = 4.0 * 16 * 16 * 32 * 2;
+
 // Streaming read: four independent vector sums so the loads, not the add
 // latency, are the limit.
 __attribute__((target("avx2"))) float sum_avx2(const float* p, size_t n) {
@@ -257,6 +298,10 @@ Peaks measure_peaks(int threads) {
     p.fp32_gflops = loop_gflops(threads, fma_loop_scalar, kFlopsPerIterScalar);
   }
   if (__builtin_cpu_supports("avx512bf16")) p.bf16_gflops = loop_gflops(threads, bf16_loop, kFlopsPerIterBf16);
+  // The tile data must be granted first (once per process, amx_permission.h);
+  // without it the first tile instruction faults.
+  p.amx_unavailable = amx::unavailable_reason();
+  if (p.amx_unavailable.empty()) p.amx_gflops = loop_gflops(threads, amx_loop, kFlopsPerIterAmx);
 
   // DRAM: 1 GiB in total (30x a 32 MiB L3), one slice per thread, each
   // slice first touched by the thread that reads it so its pages are local.

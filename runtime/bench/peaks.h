@@ -12,6 +12,10 @@ struct Peaks {
   double fp32_gflops = 0;              // register-resident FMA loop, all threads
   std::string fp32_isa;                // "avx512f" | "avx2+fma" | "scalar"
   std::optional<double> bf16_gflops;   // vdpbf16ps loop; empty without AVX512_BF16
+  // AMX tdpbf16ps loop (2x2 accumulator tiles); empty where this process
+  // may not use AMX tiles, and then amx_unavailable says why.
+  std::optional<double> amx_gflops;
+  std::string amx_unavailable;
   double dram_read_gbs = 0;            // vectorised sum over arrays far beyond the LLC
   double dram_bytes = 0;               // total size of those arrays
 };

@@ -71,6 +71,12 @@ std::vector<Option> bench_options() {
       {"compute", Arity::Value, "MODE",
        "compute modes f32|bf16|all: rows per mode (default f32; see `g3attn --help`)"},
       {"weight-dtype", Arity::Value, "T", "projection weight type f32|bf16 (default bf16)"},
+      {"proj", Arity::Value, "LIST",
+       "projection providers of projections and block rows: highway,onednn,auto,all (all: highway,onednn); "
+       "auto is the layer's route (see `g3attn plan`), shown as auto(onednn) in the table's proj column and as "
+       "\"proj\" plus \"proj_route\" in JSON; onednn rows run once, on the best ISA (oneDNN picks its own); "
+       "the reference backend always runs its own GEMM (default: highway,onednn on projections rows, auto on "
+       "block rows)"},
       {"json", Arity::OptionalValue, "FILE", "JSON instead of the table on stdout, or the table plus FILE"},
       {"csv", Arity::Value, "FILE", "the rows as CSV"},
       {"svg", Arity::Value, "FILE", "grouped bar chart of % of peak per shape, one bar per backend/ISA"},
@@ -84,18 +90,22 @@ const char* kHelpHead =
     "                    [--phase prefill|decode|block|projections|all] [--new-tokens N]\n"
     "                    [--context 4096,32768,...] [--batch B] [--threads N] [--repeat N]\n"
     "                    [--kv-dtype f32|bf16|all] [--compute f32|bf16|all] [--weight-dtype f32|bf16]\n"
+    "                    [--proj highway,onednn,auto|all]\n"
     "                    [--json [FILE]]\n"
     "                    [--csv FILE] [--svg FILE] [--compare OLD.json] [--threshold PCT]\n\n"
     "Measures this machine's peaks first (fp32 FMA GFLOP/s, bf16 vdpbf16ps GFLOP/s where the CPU has\n"
-    "AVX512_BF16, DRAM read GB/s; for the thread count used), then one row per backend x ISA x model x\n"
-    "layer kind x phase x context x KV dtype:\n"
+    "AVX512_BF16, bf16 AMX tdpbf16ps GFLOP/s where it has AMX and Linux grants the tiles, DRAM read GB/s;\n"
+    "for the thread count used), then one row per backend x ISA x model x layer kind x phase x context x\n"
+    "KV dtype x compute mode, and for projections and block rows per projection provider (--proj):\n"
     "  prefill      the attention core for the last N positions of the context against the cache\n"
     "               (causal; the window on local layers)\n"
     "  decode       the attention core for one new token over the context (KV chunks split across\n"
     "               threads and merged by log-sum-exp)\n"
     "  block        the whole block: norms, fused QKV projection, QK-norm + RoPE + cache write, core,\n"
-    "               output projection, post-norm; for N tokens and for 1 token\n"
-    "  projections  the Q/K/V and output projections alone, for N tokens and for 1 token\n"
+    "               output projection, post-norm; for N tokens and for 1 token; the projections on the\n"
+    "               layer's route (auto) unless --proj names providers\n"
+    "  projections  the Q/K/V and output projections alone, for N tokens and for 1 token, per provider:\n"
+    "               highway (the kernel table's GEMM/GEMV) and onednn (oneDNN's matmul, AMX where present)\n"
     "Each row: median and minimum ms, GFLOP/s, GB/s of K/V read (decode), % of the relevant peak, and\n"
     "speed relative to the reference and to the fastest row of the same shape. The FLOP rule is printed\n"
     "under the table. The reference is scalar code, measured once per shape.\n";
@@ -200,6 +210,8 @@ int cmd_bench(int argc, char** argv, int first) {
   if (kv == "all") o.kv_dtypes = {DType::F32, DType::BF16};
   else o.kv_dtypes = {parse_dtype(kv, "--kv-dtype")};
   o.weight_dtype = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
+  if (a.has("proj"))
+    o.projs = expand(a.list("proj", ""), {"highway", "onednn"}, "--proj", "highway, onednn, auto, all", {"auto"});
   const std::string cm = a.str("compute", "f32");
   if (cm == "all") o.computes = {DType::F32, DType::BF16};
   else o.computes = {parse_dtype(cm, "--compute")};

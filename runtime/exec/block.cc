@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "generator/errors.h"
+#include "runtime/dispatch/isa.h"
 
 namespace g3 {
 
@@ -31,8 +33,29 @@ static WeightMatrix stack_rows(const std::vector<const WeightMatrix*>& parts) {
   return out;
 }
 
+void set_layer_projection(PreparedLayer& L, Phase phase, ProjProvider p) {
+  if (p == ProjProvider::Onednn && !L.onednn_qkv) {
+    const std::string why = onednn_unavailable_reason(L.key.compute);
+    if (!why.empty()) throw InputError("--proj onednn: " + why);
+    L.onednn_qkv = std::make_shared<const OnednnMatmul>(L.wqkv);
+    L.onednn_o = std::make_shared<const OnednnMatmul>(L.wo);
+  }
+  L.proj[size_t(phase)] = p;
+}
+
+// Resolves both phases of a layer's projection request for the layer's
+// kernels (onednn_route.h); `isa` is the resolved ISA the layer was asked for.
+static void route_projections(PreparedLayer& L, ProjectionRoute request, const std::string& isa) {
+  L.proj_route = request;
+  for (Phase ph : {Phase::Prefill, Phase::Decode}) {
+    const KernelChoice& k = ph == Phase::Decode ? L.decode : L.kernels;
+    set_layer_projection(L, ph,
+                         resolve_projection(request, ph, L.key.compute, k.stages[Stage::Gemm], isa != best_isa()));
+  }
+}
+
 PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
-                            const std::string& isa, DType compute) {
+                            const std::string& isa, DType compute, ProjectionRoute proj) {
   PreparedLayer L;
   L.spec = spec;
   L.key = kernel_key(spec, kv_dtype, compute == DType::BF16 ? DType::BF16 : w.q_proj.dtype, compute);
@@ -44,6 +67,7 @@ PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType 
   L.k_norm = w.k_norm;
   L.input_norm = w.input_norm;
   L.post_norm = w.post_norm;
+  route_projections(L, proj, isa);
   return L;
 }
 
@@ -53,6 +77,7 @@ PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std:
   L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype, base.key.compute);
   L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
   L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
+  route_projections(L, base.proj_route, isa);
   return L;
 }
 
@@ -70,14 +95,22 @@ void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* po
   std::vector<uint8_t> valid(static_cast<size_t>(T));
   std::vector<int64_t> slot(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) slot[t] = t;
+  // This path has no pool: a oneDNN projection runs its blocks in turn.
+  const OnednnMatmul::ParallelFor serial = [](int64_t n, const std::function<void(int64_t)>& fn) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  };
 
   for (int64_t b = 0; b < B; ++b) {
     const float* xb = x + b * T * D;
     const int32_t* pb = positions + b * T;
     // Step 1: pre-norm; step A: fused q/k/v projection.
     k.rmsnorm(xb, T, D, D, L.input_norm.data(), s.rms_eps, nullptr, u.data(), D);
-    g3_gemm_args ga = L.wqkv.args(u.data(), T, D, qkv.data(), QKV, 0, QKV);
-    k.gemm(&ga);
+    if (L.proj_for_rows(T) == ProjProvider::Onednn) {
+      L.onednn_qkv->run(u.data(), T, D, qkv.data(), QKV, serial);
+    } else {
+      g3_gemm_args ga = L.wqkv.args(u.data(), T, D, qkv.data(), QKV, 0, QKV);
+      k.gemm(&ga);
+    }
     // Steps B-D: QK-norm, RoPE, alpha; K/V into this row's cache (slot t = token t).
     g3_qk_args qa{};
     qa.T = T;
@@ -133,8 +166,12 @@ void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* po
     }
     // Step J: output projection; steps 3-4: post-norm and residual.
     float* ab = attn_out ? attn_out + b * T * D : a.data();
-    g3_gemm_args go = L.wo.args(enc.data(), T, N * H, ab, D, 0, D);
-    k.gemm(&go);
+    if (L.proj_for_rows(T) == ProjProvider::Onednn) {
+      L.onednn_o->run(enc.data(), T, N * H, ab, D, serial);
+    } else {
+      g3_gemm_args go = L.wo.args(enc.data(), T, N * H, ab, D, 0, D);
+      k.gemm(&go);
+    }
     k.rmsnorm(ab, T, D, D, L.post_norm.data(), s.rms_eps, xb, block_out + b * T * D, D);
   }
 }
@@ -167,6 +204,12 @@ void parallel_gemm(ThreadPool& pool, const g3_kernel_table& k, const PackedWeigh
   });
 }
 
+// The pool as oneDNN's provider takes it (it splits a call into column
+// blocks over the caller's threads).
+OnednnMatmul::ParallelFor pool_for_each(ThreadPool& pool) {
+  return [&pool](int64_t n, const std::function<void(int64_t)>& fn) { pool.parallel_for(n, fn); };
+}
+
 }  // namespace
 
 void reserve_scratch(const PreparedLayer& L, int64_t R, BlockScratch& S) {
@@ -183,11 +226,20 @@ void reserve_scratch(const PreparedLayer& L, int64_t R, BlockScratch& S) {
 void run_qkv_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
   const int64_t D = s.hidden_size, QKV = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
+  if (L.proj_for_rows(R) == ProjProvider::Onednn) {
+    L.onednn_qkv->run(S.u.data(), R, D, S.qkv.data(), QKV, pool_for_each(pool));
+    return;
+  }
   parallel_gemm(pool, L.kernels.kernels.table, L.wqkv, S.u.data(), R, D, S.qkv.data(), QKV, sp);
 }
 
 void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
+  if (L.proj_for_rows(R) == ProjProvider::Onednn) {
+    L.onednn_o->run(S.enc.data(), R, int64_t(s.num_heads) * s.head_dim, S.a.data(), s.hidden_size,
+                    pool_for_each(pool));
+    return;
+  }
   parallel_gemm(pool, L.kernels.kernels.table, L.wo, S.enc.data(), R, int64_t(s.num_heads) * s.head_dim, S.a.data(),
                 s.hidden_size, sp);
 }
@@ -371,6 +423,7 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
   // 3-4: post-norm and the residual.
   run_attention_core(L, cache, positions, B, T, pool, S, sp);
   run_out_projection(L, R, pool, S, sp);
+  if (!y) return;  // the attention part alone: its output stays in S.a
   pool.parallel_for(ntb, [&](int64_t i) {
     const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
     k.rmsnorm(S.a.data() + r0 * D, r1 - r0, D, D, L.post_norm.data(), s.rms_eps, x + r0 * D, y + r0 * D, D);

@@ -5,12 +5,15 @@
 // model stack of model.h: chunked prefill and decode).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "generator/catalogue.h"
 #include "generator/kernel_key.h"
 #include "runtime/dispatch/kernel_registry.h"
+#include "runtime/dispatch/onednn_matmul.h"
+#include "runtime/dispatch/onednn_route.h"
 #include "runtime/dispatch/packed_weights.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/exec/thread_pool.h"
@@ -32,11 +35,25 @@ struct PreparedLayer {
   // normed input is streamed once; then the output projection.
   PackedWeights wqkv, wo;
   std::vector<float> q_norm, k_norm, input_norm, post_norm;
+  // Who runs the projection stage (onednn_route.h): what the layer asked
+  // for, the provider of each phase (indexed by Phase) and, when a phase
+  // runs on oneDNN, both matrices in oneDNN's layout (shared by copies).
+  ProjectionRoute proj_route = ProjectionRoute::Auto;
+  ProjProvider proj[2] = {ProjProvider::Highway, ProjProvider::Highway};
+  std::shared_ptr<const OnednnMatmul> onednn_qkv, onednn_o;
+  ProjProvider proj_for_rows(int64_t rows) const { return proj[size_t(projection_phase(rows))]; }
 };
 
 // compute: the compute mode (kernel_key.h); bf16 packs the weights as bf16.
+// proj: the projection provider asked for (auto: onednn_route.h's table).
 PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
-                            const std::string& isa, DType compute = DType::F32);
+                            const std::string& isa, DType compute = DType::F32,
+                            ProjectionRoute proj = ProjectionRoute::Auto);
+
+// Sets the projection provider of one phase of a prepared layer, making its
+// oneDNN matrices on first need: the per-layer hook of a tune profile, and
+// how bench times each provider. InputError when oneDNN cannot serve it.
+void set_layer_projection(PreparedLayer& L, Phase phase, ProjProvider p);
 
 // One block call without a cache, as `g3attn apply` and the golden cases
 // run it: B rows of T tokens; keys are this call's tokens; key_real[b*T+s]
@@ -68,7 +85,11 @@ struct BlockSplit {
 // computed but is don't-care when it sees no key); real may be null. Keys are
 // every real token the cache holds for the row, including this call's.
 // Equals the official full-length layout (SPEC 1.3-1.6) for every row with at
-// least one visible key, within f32 rounding.
+// least one visible key, within f32 rounding. y may be null: the call then
+// stops after the output projection, before the post-norm, and leaves the
+// attention output [B*T][D] in scratch.a (the C API's attention call, and a
+// head range's partial output projection, which is summed before the
+// post-norm; see head_range.h).
 void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& scratch,
                       const BlockSplit& split = {});

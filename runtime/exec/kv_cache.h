@@ -49,6 +49,14 @@ class LayerKvCache {
  public:
   // `chunk` as in ring_slots; ignored on global layers.
   LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk);
+  // The same cache over K and V memory its caller owns (the C API's
+  // caller-provided caches): each buffer holds batch x sequence_bytes() in
+  // the layout above and must outlive the cache. The memory is not cleared:
+  // slots count as empty until written, so whatever they hold never reaches
+  // an output.
+  LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk, void* k, void* v);
+  // Bytes of one sequence's K (or V) cache: Nkv x capacity() x head_dim elements.
+  size_t sequence_bytes() const { return seq_bytes_; }
 
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return slots_; }  // slots per KV head of one sequence
@@ -96,6 +104,8 @@ class LayerKvCache {
   void reset();  // every row empty
 
  private:
+  // Sizes and bookkeeping shared by both constructors (not the K/V memory).
+  void init(const LayerSpec& spec, int64_t batch, int64_t context);
   int head_dim_ = 0, kv_heads_ = 0;
   DType dtype_ = DType::F32;
   int64_t batch_ = 0, context_ = 0, slots_ = 0, chunk_ = 1;

@@ -55,6 +55,8 @@ nlohmann::json row_json(const Row& r) {
   nlohmann::json j;
   j["backend"] = r.backend;
   j["route"] = r.route;
+  j["proj"] = r.proj.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.proj);
+  j["proj_route"] = r.proj_route.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.proj_route);
   j["isa"] = r.isa;
   j["model"] = r.model;
   j["kind"] = r.kind;
@@ -83,14 +85,16 @@ nlohmann::json row_json(const Row& r) {
 }
 
 nlohmann::json id_json(const Row& r) {
-  return {{"backend", r.backend}, {"route", r.route}, {"isa", r.isa}, {"model", r.model}, {"kind", r.kind},
+  return {{"backend", r.backend}, {"route", r.route},
+          {"proj", r.proj.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.proj)}, {"isa", r.isa},
+          {"model", r.model}, {"kind", r.kind},
           {"phase", r.phase}, {"kv_dtype", r.kv_dtype}, {"weight_dtype", r.weight_dtype}, {"compute", r.compute}, {"batch", r.batch},
           {"new_tokens", r.new_tokens},
           {"context", r.context ? nlohmann::json(*r.context) : nlohmann::json(nullptr)}};
 }
 
 std::string row_label(const Row& r) {
-  return r.label() + " " + r.isa + " " + r.model + " " + r.kind + " " + r.phase + " kv " + r.kv_dtype + " w " +
+  return r.label() + " " + r.isa + (r.proj.empty() ? "" : " proj " + r.proj_label()) + " " + r.model + " " + r.kind + " " + r.phase + " kv " + r.kv_dtype + " w " +
          r.weight_dtype + " compute " + r.compute + " batch " + std::to_string(r.batch) + " new " + std::to_string(r.new_tokens) + " ctx " +
          ctx(r.context);
 }
@@ -113,7 +117,7 @@ std::string flop_rule() {
   return "FLOPs count useful work: attention core = 4 x dh x N_heads x (visible query-key pairs), so a local "
          "layer's masked keys do not count; projections = 2 x D x (N + 2 Nkv) x dh per token for Q/K/V plus "
          "2 x N x dh x D per token for the output; block = core + projections (norms, QK-norm and RoPE not "
-         "counted). %peak is of the fp32 FMA peak for compute rows (a bf16 dot-product path may pass 100%) and of "
+         "counted). %peak is of the fp32 FMA peak for compute rows (a bf16 dot-product or AMX path may pass 100%) and of "
          "the DRAM read peak for decode rows (GB/s = K/V bytes read / time). vs_ref = reference time / this "
          "time; vs_best = best time of the same shape / this time (1 = fastest).";
 }
@@ -124,14 +128,15 @@ std::string table_text(const Result& r) {
   o << "peaks (" << p.threads << " thread" << (p.threads == 1 ? "" : "s") << "): fp32 FMA " << num(p.fp32_gflops)
     << " GFLOP/s (" << p.fp32_isa << "), bf16 dot "
     << (p.bf16_gflops ? num(*p.bf16_gflops) + " GFLOP/s (vdpbf16ps)" : std::string("n/a (no AVX512_BF16)"))
+    << ", bf16 AMX " << (p.amx_gflops ? num(*p.amx_gflops) + " GFLOP/s (tdpbf16ps)" : "n/a (" + p.amx_unavailable + ")")
     << ", DRAM read " << num(p.dram_read_gbs) << " GB/s\n\n";
-  std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "cmp", "new",
-                                              "ctx", "ms_med", "ms_min", "GFLOP/s", "GB/s", "%peak", "vs_ref",
-                                              "vs_best", "runs"}};
-  std::vector<bool> right = {false, false, false, false, false, false, false, false, true,
+  std::vector<std::vector<std::string>> t = {{"backend", "isa", "proj", "model", "kind", "phase", "kv", "w", "cmp",
+                                              "new", "ctx", "ms_med", "ms_min", "GFLOP/s", "GB/s", "%peak",
+                                              "vs_ref", "vs_best", "runs"}};
+  std::vector<bool> right = {false, false, false, false, false, false, false, false, false, true,
                              true,  true,  true,  true,  true,  true,  true,  true,  true};
   for (const Row& x : r.rows)
-    t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
+    t.push_back({x.label(), x.isa, x.proj_label(), x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
                  std::to_string(x.new_tokens),
                  ctx(x.context), num(x.ms_median), num(x.ms_min), num(x.gflops), opt_num(x.gbs), num(x.pct_peak),
                  opt_num(x.vs_reference), opt_num(x.vs_best), std::to_string(x.runs)});
@@ -184,9 +189,16 @@ std::vector<Row> load_rows(const std::string& path) {
       // Files written before auto rows existed have no route.
       r.route = x.contains("route") ? x.at("route").get<std::string>() : r.backend;
       r.isa = x.at("isa").get<std::string>();
+      r.phase = x.at("phase").get<std::string>();
+      // Files written before projection providers existed: projections rows
+      // ran the kernel table's GEMM, block rows the layer's route (auto).
+      if (x.contains("proj") && !x.at("proj").is_null()) r.proj = x.at("proj").get<std::string>();
+      else if (r.phase == "projections") r.proj = r.backend == "reference" ? "auto" : "highway";
+      else if (r.phase == "block") r.proj = "auto";
+      if (x.contains("proj_route") && !x.at("proj_route").is_null())
+        r.proj_route = x.at("proj_route").get<std::string>();
       r.model = x.at("model").get<std::string>();
       r.kind = x.at("kind").get<std::string>();
-      r.phase = x.at("phase").get<std::string>();
       r.kv_dtype = x.at("kv_dtype").get<std::string>();
       r.weight_dtype = x.at("weight_dtype").get<std::string>();
       // Files written before compute modes existed were f32 runs.
@@ -240,13 +252,13 @@ std::string compare_text(const Comparison& c) {
   o << "\ncompare with " << c.file << " (threshold " << num(c.threshold_pct) << "%): " << c.lines.size()
     << " rows matched, " << c.regressions << " regression" << (c.regressions == 1 ? "" : "s") << "\n";
   if (!c.lines.empty()) {
-    std::vector<std::vector<std::string>> t = {{"backend", "isa", "model", "kind", "phase", "kv", "w", "cmp", "new",
-                                                "ctx", "old_ms", "new_ms", "new/old", ""}};
-    std::vector<bool> right = {false, false, false, false, false, false, false, false,
+    std::vector<std::vector<std::string>> t = {{"backend", "isa", "proj", "model", "kind", "phase", "kv", "w", "cmp",
+                                                "new", "ctx", "old_ms", "new_ms", "new/old", ""}};
+    std::vector<bool> right = {false, false, false, false, false, false, false, false, false,
                                true,  true,  true,  true,  true,  false};
     for (const auto& l : c.lines) {
       const Row& x = l.now;
-      t.push_back({x.label(), x.isa, x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
+      t.push_back({x.label(), x.isa, x.proj_label(), x.model, x.kind, x.phase, x.kv_dtype, x.weight_dtype, x.compute,
                    std::to_string(x.new_tokens), ctx(x.context), num(l.old_ms), num(x.ms_median), num(l.ratio),
                    l.regression ? "REGRESSION" : ""});
     }
@@ -294,6 +306,8 @@ nlohmann::json to_json(const Result& r, const Comparison* c) {
                   {"fp32_gflops", p.fp32_gflops},
                   {"fp32_isa", p.fp32_isa},
                   {"bf16_gflops", opt_json(p.bf16_gflops)},
+                  {"amx_gflops", opt_json(p.amx_gflops)},
+                  {"amx_unavailable", p.amx_gflops ? nlohmann::json(nullptr) : nlohmann::json(p.amx_unavailable)},
                   {"dram_read_gbs", p.dram_read_gbs},
                   {"dram_bytes", p.dram_bytes}};
   const Options& o = r.options;
@@ -305,6 +319,7 @@ nlohmann::json to_json(const Result& r, const Comparison* c) {
                     {"phases", o.phases},      {"new_tokens", o.new_tokens}, {"batch", o.batch},
                     {"threads", o.threads},    {"repeat", o.repeat > 0 ? nlohmann::json(o.repeat) : nlohmann::json("auto")},
                     {"kv_dtypes", kv},         {"computes", computes},
+                    {"projs", o.projs.empty() ? nlohmann::json("default") : nlohmann::json(o.projs)},
                     {"weight_dtype", to_string(o.weight_dtype)}};
   if (o.contexts.empty())
     out["options"]["contexts"] = {{"prefill", default_prefill_contexts()}, {"decode", default_decode_contexts()}};
@@ -349,12 +364,12 @@ std::string csv_text(const Result& r) {
   };
   std::string s =
       "backend,isa,model,kind,phase,kv_dtype,weight_dtype,compute,batch,new_tokens,context,ms_median,ms_min,gflops,gbs,"
-      "pct_peak,vs_reference,vs_best\n";
+      "pct_peak,vs_reference,vs_best,proj\n";
   for (const Row& x : r.rows) {
     s += x.label() + "," + x.isa + "," + x.model + "," + x.kind + "," + x.phase + "," + x.kv_dtype + "," +
          x.weight_dtype + "," + x.compute + "," + std::to_string(x.batch) + "," + std::to_string(x.new_tokens) + "," +
          (x.context ? std::to_string(*x.context) : std::string()) + "," + o(x.ms_median) + "," + o(x.ms_min) + "," +
-         o(x.gflops) + "," + o(x.gbs) + "," + o(x.pct_peak) + "," + o(x.vs_reference) + "," + o(x.vs_best) + "\n";
+         o(x.gflops) + "," + o(x.gbs) + "," + o(x.pct_peak) + "," + o(x.vs_reference) + "," + o(x.vs_best) + "," + (x.proj.empty() ? std::string() : x.proj_label()) + "\n";
   }
   return s;
 }
@@ -366,7 +381,7 @@ std::string svg_text(const Result& r) {
   std::map<std::string, std::string> group_label;
   std::map<std::pair<std::string, std::string>, const Row*> cell;
   for (const Row& x : r.rows) {
-    const std::string g = x.shape_id(), s = x.label() + " " + x.isa;
+    const std::string g = x.shape_id(), s = x.label() + " " + x.isa + (x.proj.empty() ? "" : " proj " + x.proj_label());
     if (!group_label.count(g)) {
       groups.push_back(g);
       group_label[g] = x.model + " " + x.kind + " " + x.phase + " " + (x.context ? "ctx " + ctx(x.context) + " " : "") +

@@ -110,12 +110,12 @@ TEST_CASE("bench writes JSON, CSV and SVG for a tiny shape, and compares two run
   std::getline(cs, line);
   CHECK(line ==
         "backend,isa,model,kind,phase,kv_dtype,weight_dtype,compute,batch,new_tokens,context,ms_median,ms_min,"
-        "gflops,gbs,pct_peak,vs_reference,vs_best");
+        "gflops,gbs,pct_peak,vs_reference,vs_best,proj");
   size_t lines = 0;
   while (std::getline(cs, line)) {
     if (line.empty()) continue;
     ++lines;
-    CHECK(std::count(line.begin(), line.end(), ',') == 17);
+    CHECK(std::count(line.begin(), line.end(), ',') == 18);
     CHECK(line.rfind("reference,scalar,1b,", 0) == 0);
   }
   CHECK(lines == nrows);

@@ -1,0 +1,110 @@
+#include "runtime/dispatch/onednn_route.h"
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "generator/errors.h"
+#include "generator/xbyak/amx_permission.h"
+#include "runtime/dispatch/onednn_matmul.h"
+
+namespace g3 {
+
+const char* to_string(ProjProvider p) { return p == ProjProvider::Onednn ? "onednn" : "highway"; }
+
+const char* to_string(ProjectionRoute r) {
+  switch (r) {
+    case ProjectionRoute::Highway:
+      return "highway";
+    case ProjectionRoute::Onednn:
+      return "onednn";
+    default:
+      return "auto";
+  }
+}
+
+ProjectionRoute parse_projection_route(const std::string& name, const std::string& flag) {
+  if (name == "auto") return ProjectionRoute::Auto;
+  if (name == "highway") return ProjectionRoute::Highway;
+  if (name == "onednn") return ProjectionRoute::Onednn;
+  throw InputError(flag + ": unknown projection provider '" + name + "' (valid: highway, onednn, auto)");
+}
+
+namespace {
+
+struct Entry {
+  ProjProvider provider;
+  std::string source;
+};
+
+std::mutex g_mu;
+std::map<std::pair<Phase, DType>, Entry> g_set;  // entries set over the default rule
+
+// Whether oneDNN can serve a compute mode here, asked once per mode.
+const std::string& onednn_reason(DType compute) {
+  static std::once_flag once[2];
+  static std::string reason[2];
+  const int i = compute == DType::BF16 ? 1 : 0;
+  std::call_once(once[i], [&] { reason[i] = onednn_unavailable_reason(compute); });
+  return reason[i];
+}
+
+}  // namespace
+
+ProjProvider default_projection_provider(Phase phase, DType compute) {
+  // Measured on Emerald Rapids (onednn_route.h): oneDNN wins only for
+  // prefill-sized bf16 calls, and only because it runs them on AMX tiles.
+  if (phase == Phase::Prefill && compute == DType::BF16 && amx::unavailable_reason().empty())
+    return ProjProvider::Onednn;
+  return ProjProvider::Highway;
+}
+
+ProjProvider projection_provider(Phase phase, DType compute) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_set.find({phase, compute});
+    if (it != g_set.end()) return it->second.provider;
+  }
+  return default_projection_provider(phase, compute);
+}
+
+void set_projection_provider(Phase phase, DType compute, ProjProvider p, const std::string& source) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_set[{phase, compute}] = Entry{p, source};
+}
+
+void reset_projection_providers() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_set.clear();
+}
+
+std::string projection_provider_source(Phase phase, DType compute) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_set.find({phase, compute});
+  return it == g_set.end() ? "default rule" : it->second.source;
+}
+
+ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType compute, const std::string& gemm_backend,
+                                bool isa_capped) {
+  if (request == ProjectionRoute::Highway) return ProjProvider::Highway;
+  if (request == ProjectionRoute::Onednn) {
+    const std::string& why = onednn_reason(compute);
+    if (!why.empty()) throw InputError("--proj onednn: " + why);
+    return ProjProvider::Onednn;
+  }
+  if (gemm_backend == "reference" || isa_capped) return ProjProvider::Highway;
+  const ProjProvider p = projection_provider(phase, compute);
+  if (p == ProjProvider::Onednn && !onednn_reason(compute).empty()) return ProjProvider::Highway;
+  return p;
+}
+
+std::string projection_rule_text() {
+  return "auto (the default) runs prefill-sized calls (more than " + std::to_string(kProjDecodeMaxRows) +
+         " rows) of the bf16 compute mode on oneDNN where this process may use AMX tiles, everything else "
+         "(f32 compute, decode-sized calls) on Highway, as measured on Emerald Rapids; a tune profile may "
+         "change it per phase and compute mode; auto keeps the reference's GEMM and the Highway GEMM under "
+         "an --isa cap below the best";
+}
+
+}  // namespace g3
