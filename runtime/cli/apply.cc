@@ -1,9 +1,12 @@
-// g3attn apply: one layer's block on real weights and .npy inputs.
+// g3attn apply: one layer's block on real weights and .npy inputs. The
+// inputs are read and checked as exec/apply.h reads them; the layer is made
+// and run through the C API (libg3attn.so), so every apply exercises it.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
+#include "runtime/cli/api_call.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/exec/apply.h"
@@ -57,22 +60,58 @@ int cmd_apply(int argc, char** argv, int first) {
   r.compute = parse_dtype(a.str("compute", "f32"), "--compute");
   if (a.has("attn-out") && a.str("attn-out") == a.str("out")) throw InputError("--out and --attn-out name the same file");
 
-  ApplyResult res = run_apply(r);
-  std::vector<int64_t> shape = {res.B, res.T, res.spec.hidden_size};
+  const ApplyInputs in = read_apply_inputs(r);
+  const int64_t B = in.B, T = in.T, D = in.spec.hidden_size;
+
+  // The layer through the C API: the context runs on this thread alone
+  // (calls without a cache never use a pool), with the flags' kernels.
+  g3attn_model* m = nullptr;
+  api_check(g3attn_model_load(r.config.c_str(), &m));
+  ApiHandle<g3attn_model> model(m);
+  g3attn_options* o = nullptr;
+  api_check(g3attn_options_create(&o));
+  ApiHandle<g3attn_options> options(o);
+  api_check(g3attn_options_set_backend(o, in.backend.c_str()));
+  api_check(g3attn_options_set_isa(o, in.isa.c_str()));
+  api_check(g3attn_options_set_kv_dtype(o, r.kv_dtype == DType::BF16 ? G3ATTN_BF16 : G3ATTN_F32));
+  api_check(g3attn_options_set_compute(o, r.compute == DType::BF16 ? G3ATTN_BF16 : G3ATTN_F32));
+  api_check(g3attn_options_set_threads(o, 1));
+  g3attn_context* c = nullptr;
+  api_check(g3attn_context_create(o, &c));
+  ApiHandle<g3attn_context> context(c);
+  g3attn_weights* w = nullptr;
+  api_check(g3attn_weights_open(r.weights.c_str(), m, &w));
+  ApiHandle<g3attn_weights> weights(w);
+  g3attn_layer* l = nullptr;
+  api_check(g3attn_layer_create(c, m, in.spec.index, w, &l));
+  ApiHandle<g3attn_layer> layer(l);
+
+  std::vector<uint8_t> real(in.real.begin(), in.real.end());
+  std::vector<float> block_out(size_t(B * T * D)), attn_out(size_t(B * T * D));
+  api_check(g3attn_block(l, nullptr, in.x.data(), in.positions.data(), real.data(), B, T, block_out.data(),
+                         attn_out.data(), 1));
+  g3attn_layer_route route;
+  api_check(g3attn_layer_describe(l, &route));
+  // The reference backend's calls without a cache run the official block in
+  // double precision, whatever kernels the layer holds for cached calls.
+  const bool reference = in.backend == "reference";
+  const std::string backend = reference ? "reference" : route.backend, isa = reference ? "scalar" : route.isa;
+
+  std::vector<int64_t> shape = {B, T, D};
   // Every output is complete before the first is written; if a later write
   // fails, the earlier files are removed, so a failure leaves nothing behind.
   std::vector<std::string> written;
   try {
-    write_npy_f32(a.str("out"), res.block_out.data(), shape);
+    write_npy_f32(a.str("out"), block_out.data(), shape);
     written.push_back(a.str("out"));
     if (a.has("attn-out")) {
-      write_npy_f32(a.str("attn-out"), res.attn_out.data(), shape);
+      write_npy_f32(a.str("attn-out"), attn_out.data(), shape);
       written.push_back(a.str("attn-out"));
     }
     if (a.has("json")) {
-      nlohmann::json j = {{"layer", res.spec.index}, {"kind", to_string(res.spec.kind)},
-                          {"backend", res.backend},  {"isa", res.isa},
-                          {"batch", res.B},          {"tokens", res.T},
+      nlohmann::json j = {{"layer", in.spec.index}, {"kind", to_string(in.spec.kind)},
+                          {"backend", backend},      {"isa", isa},
+                          {"batch", B},              {"tokens", T},
                           {"out", a.str("out")}};
       emit_json(a, j.dump(1));
     }

@@ -18,7 +18,7 @@ static std::string shape_str(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
-ApplyResult run_apply(const ApplyRequest& r) {
+ApplyInputs read_apply_inputs(const ApplyRequest& r) {
   ModelConfig m = load_config_file(r.config);
   int layer = 0;
   if (r.layer) layer = *r.layer;
@@ -60,6 +60,23 @@ ApplyResult run_apply(const ApplyRequest& r) {
       throw InputError(r.positions + ": negative position " + std::to_string(pos.i32[i]) + " for a real token at [" +
                        std::to_string(i / T) + "," + std::to_string(i % T) + "]");
 
+  ApplyInputs in;
+  in.config = std::move(m);
+  in.spec = spec;
+  in.backend = std::move(backend);
+  in.isa = std::move(isa);
+  in.B = B;
+  in.T = T;
+  in.x = std::move(x.f32);
+  in.positions = std::move(pos.i32);
+  in.real = std::move(real);
+  return in;
+}
+
+ApplyResult run_apply(const ApplyRequest& r) {
+  ApplyInputs in = read_apply_inputs(r);
+  const LayerSpec& spec = in.spec;
+  const int64_t B = in.B, T = in.T, D = spec.hidden_size;
   auto file = SafeTensorsFile::open(r.weights);
   LayerWeights w = load_layer_weights(tensor_source(*file), spec);
 
@@ -70,19 +87,20 @@ ApplyResult run_apply(const ApplyRequest& r) {
   out.block_out.resize(size_t(B * T * D));
   out.attn_out.resize(size_t(B * T * D));
   out.real_row.resize(size_t(B * T));
-  for (int64_t i = 0; i < B * T; ++i) out.real_row[i] = real[i] != 0;
+  for (int64_t i = 0; i < B * T; ++i) out.real_row[i] = in.real[i] != 0;
 
-  if (backend == "reference") {
+  if (in.backend == "reference") {
     // The official block: dense caller mask (causal AND real keys), no cache.
-    std::vector<uint8_t> mask = ref::causal_mask(real.data(), B, T);
-    ref::block(spec, w, x.f32.data(), pos.i32.data(), B, T, mask.data(), nullptr, out.block_out.data(),
+    std::vector<uint8_t> mask = ref::causal_mask(in.real.data(), B, T);
+    ref::block(spec, w, in.x.data(), in.positions.data(), B, T, mask.data(), nullptr, out.block_out.data(),
                out.attn_out.data(), r.kv_dtype, r.compute);
     out.backend = "reference";
     out.isa = "scalar";
     return out;
   }
-  PreparedLayer L = prepare_layer(spec, w, r.kv_dtype, backend, isa, r.compute);
-  run_block_nocache(L, x.f32.data(), pos.i32.data(), real.data(), B, T, out.block_out.data(), out.attn_out.data());
+  PreparedLayer L = prepare_layer(spec, w, r.kv_dtype, in.backend, in.isa, r.compute);
+  run_block_nocache(L, in.x.data(), in.positions.data(), in.real.data(), B, T, out.block_out.data(),
+                    out.attn_out.data());
   out.backend = L.kernels.backend;
   out.isa = L.kernels.kernels.isa;
   return out;

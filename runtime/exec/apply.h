@@ -28,8 +28,22 @@ struct ApplyResult {
   std::string backend, isa;
 };
 
+// The request's config, layer, names and .npy inputs, read and validated
+// (InputError naming the file and the problem); the weights are not read.
+struct ApplyInputs {
+  ModelConfig config;
+  LayerSpec spec;
+  std::string backend, isa;  // parsed and resolved
+  int64_t B = 0, T = 0;
+  std::vector<float> x;         // [B][T][D]
+  std::vector<int32_t> positions;  // [B][T]
+  std::vector<int32_t> real;       // [B][T], 1 = real token
+};
+ApplyInputs read_apply_inputs(const ApplyRequest& r);
+
 // Validates every input (InputError naming the file and the problem) before
-// computing anything. Rows whose mask is 0 are don't-care.
+// computing anything. Rows whose mask is 0 are don't-care. `g3attn apply`
+// reads its inputs the same way and runs the block through the C API.
 ApplyResult run_apply(const ApplyRequest& r);
 
 }  // namespace g3
