@@ -112,6 +112,7 @@
 #include "generator/isa.h"
 #include "generator/xbyak/amx_core.h"
 #include "generator/xbyak/amx_permission.h"
+#include "generator/xbyak/jit_plumbing.h"
 
 namespace g3::amx {
 
@@ -121,13 +122,33 @@ using namespace Xbyak;
 
 constexpr int kR = Config::kRows;
 
+// Both tile kernels accumulate a 32-row block into a 2x2 grid of f32 tiles
+// (tmm0-3: rows 0-15 and 16-31 by columns 0-15 and 16-31) from two A tiles
+// (tmm4, tmm5: the two 16-row halves) and two B tiles (tmm6, tmm7: the two
+// 16-column halves, in pairs of bf16). One step loads each once and issues
+// the four products, each load placed after the product that frees its
+// register's predecessor.
+struct TileJit : CodeGenerator {
+  explicit TileJit(size_t bytes) : CodeGenerator(bytes) {}
+  void tile_2x2_step(const Address& a_top, const Address& a_bottom, const Address& b_left, const Address& b_right) {
+    tileloadd(tmm4, a_top);
+    tileloadd(tmm6, b_left);
+    tdpbf16ps(tmm0, tmm4, tmm6);
+    tileloadd(tmm7, b_right);
+    tdpbf16ps(tmm1, tmm4, tmm7);
+    tileloadd(tmm5, a_bottom);
+    tdpbf16ps(tmm2, tmm5, tmm6);
+    tdpbf16ps(tmm3, tmm5, tmm7);
+  }
+};
+
 // S[32][kb] = Q[32][dh] . K^T for one row group and one key block.
-struct QkJit : CodeGenerator {
+struct QkJit : TileJit {
   const Config cfg;
   const Reg64 reg_args = rdi, reg_q = r8, reg_kt = r9, reg_s = r10;
   const Reg64 reg_qstride = rax, reg_kstride = rcx, reg_sstride = rdx, reg_live = r11;
 
-  explicit QkJit(const Config& c) : CodeGenerator(code_size(c)), cfg(c) { generate(); }
+  explicit QkJit(const Config& c) : TileJit(code_size(c)), cfg(c) { generate(); }
   // About 40 bytes per tile instruction, 8 per step of 32 dims.
   static size_t code_size(const Config& c) { return 4096 + size_t(c.kb / 32) * (c.head_dim / 32) * 8 * 48; }
 
@@ -147,14 +168,9 @@ struct QkJit : CodeGenerator {
       jnc(skip, T_NEAR);
       for (int t = 0; t < 4; ++t) tilezero(Tmm(t));
       for (int c = 0; c < dh / 32; ++c) {  // 32 dims (16 pairs) per step
-        tileloadd(tmm4, ptr[reg_q + reg_qstride * 1 + c * 64]);
-        tileloadd(tmm6, ptr[reg_kt + reg_kstride * 1 + c * 16 * ks + j * 128]);
-        tdpbf16ps(tmm0, tmm4, tmm6);
-        tileloadd(tmm7, ptr[reg_kt + reg_kstride * 1 + c * 16 * ks + j * 128 + 64]);
-        tdpbf16ps(tmm1, tmm4, tmm7);
-        tileloadd(tmm5, ptr[reg_q + reg_qstride * 1 + 16 * qs + c * 64]);
-        tdpbf16ps(tmm2, tmm5, tmm6);
-        tdpbf16ps(tmm3, tmm5, tmm7);
+        tile_2x2_step(ptr[reg_q + reg_qstride * 1 + c * 64], ptr[reg_q + reg_qstride * 1 + 16 * qs + c * 64],
+                      ptr[reg_kt + reg_kstride * 1 + c * 16 * ks + j * 128],
+                      ptr[reg_kt + reg_kstride * 1 + c * 16 * ks + j * 128 + 64]);
       }
       tilestored(ptr[reg_s + reg_sstride * 1 + j * 128], tmm0);
       tilestored(ptr[reg_s + reg_sstride * 1 + j * 128 + 64], tmm1);
@@ -167,13 +183,13 @@ struct QkJit : CodeGenerator {
 };
 
 // O[32][dh] = O * corr + P[32][kb] . V for one row group and one key block.
-struct PvJit : CodeGenerator {
+struct PvJit : TileJit {
   const Config cfg;
   const Reg64 reg_args = rdi, reg_p = r8, reg_vp = r9, reg_o = r10, reg_corr = r11;
   const Reg64 reg_pstride = rax, reg_vstride = rcx, reg_ostride = rdx, reg_row = rdx, reg_cnt = rsi;
   const Reg64 reg_live = r11;  // after the rescale, which walks reg_corr
 
-  explicit PvJit(const Config& c) : CodeGenerator(code_size(c)), cfg(c) { generate(); }
+  explicit PvJit(const Config& c) : TileJit(code_size(c)), cfg(c) { generate(); }
   // About 40 bytes per tile instruction and 16 per vector of the rescale.
   static size_t code_size(const Config& c) {
     return 4096 + size_t(c.head_dim / 32) * (c.kb / 32 + 2) * 8 * 48 + size_t(c.head_dim / 16) * 32;
@@ -223,14 +239,9 @@ struct PvJit : CodeGenerator {
         Label skip;
         bt(reg_live, c);  // keys no row of the group sees: all weights 0
         jnc(skip, T_NEAR);
-        tileloadd(tmm4, ptr[reg_p + reg_pstride * 1 + c * 64]);
-        tileloadd(tmm6, ptr[reg_vp + reg_vstride * 1 + c * 16 * vs + hp * 128]);
-        tdpbf16ps(tmm0, tmm4, tmm6);
-        tileloadd(tmm7, ptr[reg_vp + reg_vstride * 1 + c * 16 * vs + hp * 128 + 64]);
-        tdpbf16ps(tmm1, tmm4, tmm7);
-        tileloadd(tmm5, ptr[reg_p + reg_pstride * 1 + 16 * ps + c * 64]);
-        tdpbf16ps(tmm2, tmm5, tmm6);
-        tdpbf16ps(tmm3, tmm5, tmm7);
+        tile_2x2_step(ptr[reg_p + reg_pstride * 1 + c * 64], ptr[reg_p + reg_pstride * 1 + 16 * ps + c * 64],
+                      ptr[reg_vp + reg_vstride * 1 + c * 16 * vs + hp * 128],
+                      ptr[reg_vp + reg_vstride * 1 + c * 16 * vs + hp * 128 + 64]);
         L(skip);
       }
       tilestored(ptr[reg_o + reg_ostride * 1 + hp * 128], tmm0);
@@ -261,17 +272,6 @@ struct TileReleaseJit : CodeGenerator {
   }
 };
 
-// The contract's g3_core_fn carries no context: a trampoline per key turns
-// core(args) into amx::core(ctx, args) with the context as an immediate.
-struct EntryJit : CodeGenerator {
-  EntryJit(const Context* ctx, void (*driver)(const Context*, const g3_core_args*)) : CodeGenerator(64) {
-    mov(rsi, rdi);
-    mov(rdi, reinterpret_cast<uint64_t>(ctx));
-    mov(rax, reinterpret_cast<uint64_t>(driver));
-    jmp(rax);
-  }
-};
-
 // The palette-1 configuration: every tile 16 rows of 64 bytes. One copy
 // for every key, 64-byte aligned as ldtilecfg's operand is.
 struct Palette {
@@ -286,18 +286,6 @@ struct Palette {
 };
 const Palette kPalette;
 
-void dump(const std::string& name, const char* kernel, const CodeGenerator& g) {
-  const char* dir = std::getenv("G3ATTN_XBYAK_DUMP");
-  if (!dir || !*dir) return;
-  const std::string path = std::string(dir) + "/" + name + "_amx_" + kernel + ".bin";
-  if (FILE* f = std::fopen(path.c_str(), "wb")) {
-    std::fwrite(g.getCode(), 1, g.getSize(), f);
-    std::fclose(f);
-  } else {
-    std::fprintf(stderr, "g3attn: warning: G3ATTN_XBYAK_DUMP: cannot write %s\n", path.c_str());
-  }
-}
-
 // The emitted code and the context it serves, alive as long as a kernel
 // table refers to them (BackendKernels::owner).
 struct Kernels {
@@ -306,7 +294,7 @@ struct Kernels {
   std::unique_ptr<PvJit> pv;
   std::unique_ptr<TileConfigJit> config;
   std::unique_ptr<TileReleaseJit> release;
-  std::unique_ptr<EntryJit> entry;
+  std::unique_ptr<xbyak::ContextEntry<Context>> entry;
   std::shared_ptr<void> small_owner;  // the Highway kernels behind ctx.small
 };
 
@@ -362,7 +350,7 @@ BackendKernels kernels(const KernelKey& key, const std::string& isa, const Optio
   k->pv = std::make_unique<PvJit>(cfg);
   k->config = std::make_unique<TileConfigJit>();
   k->release = std::make_unique<TileReleaseJit>();
-  k->entry = std::make_unique<EntryJit>(&k->ctx, &core);
+  k->entry = std::make_unique<xbyak::ContextEntry<Context>>(&k->ctx, &core);
   k->ctx.qk = k->qk->getCode<QkFn>();
   k->ctx.pv = k->pv->getCode<PvFn>();
   k->ctx.tile_config = k->config->getCode<TileFn>();
@@ -374,9 +362,9 @@ BackendKernels kernels(const KernelKey& key, const std::string& isa, const Optio
   k->release->setProtectModeRE();
   k->entry->setProtectModeRE();
   const std::string name = key.ident();
-  dump(name, "qk", *k->qk);
-  dump(name, "pv", *k->pv);
-  dump(name, "entry", *k->entry);
+  xbyak::dump_code(name, "amx_qk", *k->qk);
+  xbyak::dump_code(name, "amx_pv", *k->pv);
+  xbyak::dump_code(name, "amx_entry", *k->entry);
 
   BackendKernels out;
   out.table.core = k->entry->getCode<g3_core_fn>();

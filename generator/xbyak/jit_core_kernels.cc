@@ -35,10 +35,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <xbyak/xbyak.h>
 #include <xbyak/xbyak_util.h>
 
+#include "generator/xbyak/jit_plumbing.h"
 #include "generator/xbyak/xbyak_core.h"
 
 namespace g3::xbyak {
@@ -65,6 +67,30 @@ struct JitBase : CodeGenerator {
     if (cfg.bf16_dot) vdpbf16ps(acc, a, b);
     else vfmadd231ps(acc, a, b);
   }
+  // The row loop of every kernel: full blocks of RB rows while RB remain,
+  // then the remainder (< RB <= 16 rows) in blocks of 8, 4, 2 and 1, so a
+  // kernel has at most five row-block bodies, which keeps generation short
+  // (Xbyak emits an EVEX instruction in about 50 ns). step(n) emits the
+  // body for n rows and advances the kernel's row pointers past them.
+  void row_blocks(const Reg64& rows, int RB, const std::function<void(int)>& step) {
+    Label l_blocks, l_tail;
+    L(l_blocks);
+    cmp(rows, RB);
+    jl(l_tail, T_NEAR);
+    step(RB);
+    sub(rows, RB);
+    jmp(l_blocks, T_NEAR);
+    L(l_tail);
+    for (int n = 8; n >= 1; n /= 2) {
+      if (n >= RB) continue;
+      Label skip;
+      cmp(rows, n);
+      jl(skip, T_NEAR);
+      step(n);
+      sub(rows, n);
+      L(skip);
+    }
+  }
 };
 
 // S[r][0..tk) = sum over d of q[r][d] * kt[d][0..tk), for r < rows.
@@ -88,30 +114,11 @@ struct QkJit : JitBase {
     mov(reg_kt, ptr[reg_args + offsetof(QkCall, kt)]);
     mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
     mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
-    // Full blocks of RB rows, then the remainder (< RB <= 16 rows) in
-    // blocks of 8, 4, 2 and 1: five row-block bodies in all keeps generation
-    // short (Xbyak emits an EVEX instruction in about 50 ns).
-    Label l_blocks, l_tail;
-    L(l_blocks);
-    cmp(reg_rows, RB);
-    jl(l_tail, T_NEAR);
-    block(RB, depth);
-    add(reg_q, RB * qrow);
-    add(reg_s, RB * cfg.kb * 4);
-    sub(reg_rows, RB);
-    jmp(l_blocks, T_NEAR);
-    L(l_tail);
-    for (int n = 8; n >= 1; n /= 2) {
-      if (n >= RB) continue;
-      Label skip;
-      cmp(reg_rows, n);
-      jl(skip, T_NEAR);
+    row_blocks(reg_rows, RB, [&](int n) {
       block(n, depth);
       add(reg_q, n * qrow);
       add(reg_s, n * cfg.kb * 4);
-      sub(reg_rows, n);
-      L(skip);
-    }
+    });
     vzeroupper();
     ret();
   }
@@ -173,26 +180,11 @@ struct QkDirectJit : JitBase {
     mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
     mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
     push(reg_cnt);
-    Label l_blocks, l_tail;
-    L(l_blocks);
-    cmp(reg_rows, max_rows);
-    jl(l_tail, T_NEAR);
-    block(max_rows);
-    add(reg_q, max_rows * cfg.qk_depth() * 4);
-    add(reg_s, max_rows * cfg.kb * 4);
-    sub(reg_rows, max_rows);
-    jmp(l_blocks, T_NEAR);
-    L(l_tail);
-    for (int n = max_rows / 2; n >= 1; n /= 2) {
-      Label skip;
-      cmp(reg_rows, n);
-      jl(skip, T_NEAR);
+    row_blocks(reg_rows, max_rows, [&](int n) {
       block(n);
       add(reg_q, n * cfg.qk_depth() * 4);
       add(reg_s, n * cfg.kb * 4);
-      sub(reg_rows, n);
-      L(skip);
-    }
+    });
     pop(reg_cnt);
     vzeroupper();
     ret();
@@ -276,29 +268,12 @@ struct PvJit : JitBase {
     mov(reg_corr, ptr[reg_args + offsetof(PvCall, corr)]);
     mov(reg_rows, ptr[reg_args + offsetof(PvCall, rows)]);
     push(reg_hblk);  // callee-saved
-    Label l_blocks, l_tail;
-    L(l_blocks);
-    cmp(reg_rows, RB);
-    jl(l_tail, T_NEAR);
-    block(RB);
-    add(reg_p, RB * prow());
-    add(reg_o, RB * cfg.head_dim * 4);
-    add(reg_corr, RB * 4);
-    sub(reg_rows, RB);
-    jmp(l_blocks, T_NEAR);
-    L(l_tail);
-    for (int n = 8; n >= 1; n /= 2) {
-      if (n >= RB) continue;
-      Label skip;
-      cmp(reg_rows, n);
-      jl(skip, T_NEAR);
+    row_blocks(reg_rows, RB, [&](int n) {
       block(n);
       add(reg_p, n * prow());
       add(reg_o, n * cfg.head_dim * 4);
       add(reg_corr, n * 4);
-      sub(reg_rows, n);
-      L(skip);
-    }
+    });
     pop(reg_hblk);
     vzeroupper();
     ret();
@@ -351,30 +326,6 @@ struct PvJit : JitBase {
   }
 };
 
-// The contract's g3_core_fn carries no context, so each kernel key gets a
-// three-instruction trampoline that supplies it: core(args) becomes
-// driver(ctx, args) with the key's context baked in as an immediate.
-struct EntryJit : CodeGenerator {
-  EntryJit(const CoreContext* ctx, void (*driver)(const CoreContext*, const g3_core_args*)) : CodeGenerator(256) {
-    mov(rsi, rdi);
-    mov(rdi, reinterpret_cast<uint64_t>(ctx));
-    mov(rax, reinterpret_cast<uint64_t>(driver));
-    jmp(rax);
-  }
-};
-
-void dump(const std::string& name, const char* kernel, const CodeGenerator& g) {
-  const char* dir = std::getenv("G3ATTN_XBYAK_DUMP");
-  if (!dir || !*dir) return;
-  std::string path = std::string(dir) + "/" + name + "_" + kernel + ".bin";
-  if (FILE* f = std::fopen(path.c_str(), "wb")) {
-    std::fwrite(g.getCode(), 1, g.getSize(), f);
-    std::fclose(f);
-  } else {
-    std::fprintf(stderr, "g3attn: warning: G3ATTN_XBYAK_DUMP: cannot write %s\n", path.c_str());
-  }
-}
-
 }  // namespace
 
 struct CoreKernels {
@@ -382,7 +333,7 @@ struct CoreKernels {
   std::unique_ptr<QkJit> qk;
   std::unique_ptr<PvJit> pv;
   std::unique_ptr<QkDirectJit> qk_direct;
-  std::unique_ptr<EntryJit> entry;
+  std::unique_ptr<ContextEntry<CoreContext>> entry;
   double gen_ms = 0;
 };
 
@@ -399,17 +350,17 @@ std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string
     k->qk_direct = std::make_unique<QkDirectJit>(cfg);
     k->ctx.qk_direct = k->qk_direct->getCode<QkFn>();
   }
-  k->entry = std::make_unique<EntryJit>(&k->ctx, cfg.isa == Isa::Avx512 ? &core_avx512 : &core_avx2);
+  k->entry = std::make_unique<ContextEntry<CoreContext>>(&k->ctx, cfg.isa == Isa::Avx512 ? &core_avx512 : &core_avx2);
   // Executable, no longer writable.
   k->qk->setProtectModeRE();
   k->pv->setProtectModeRE();
   if (k->qk_direct) k->qk_direct->setProtectModeRE();
   k->entry->setProtectModeRE();
   k->gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  dump(dump_name, "qk", *k->qk);
-  dump(dump_name, "pv", *k->pv);
-  if (k->qk_direct) dump(dump_name, "qk_direct", *k->qk_direct);
-  dump(dump_name, "entry", *k->entry);
+  dump_code(dump_name, "qk", *k->qk);
+  dump_code(dump_name, "pv", *k->pv);
+  if (k->qk_direct) dump_code(dump_name, "qk_direct", *k->qk_direct);
+  dump_code(dump_name, "entry", *k->entry);
   return k;
 }
 

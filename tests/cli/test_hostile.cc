@@ -390,80 +390,65 @@ TEST_CASE("hostile apply: a config that contradicts the weights or inputs", "[ho
   }
 }
 
+// Cuts a file to the length `keep` picks from its bytes.
+template <class Keep>
+void cut_file(const std::string& path, Keep keep) {
+  std::vector<uint8_t> b = g3test::read_bytes(path);
+  b.resize(keep(b));
+  g3test::write_bytes(path, b);
+}
+
+// The length of a safetensors file's 8-byte size field plus its JSON header.
+size_t safetensors_header_bytes(const std::vector<uint8_t>& b) {
+  uint64_t n;
+  std::memcpy(&n, b.data(), 8);
+  return 8 + n;
+}
+
 TEST_CASE("hostile apply: files truncated after the header", "[hostile][apply][truncated]") {
+  ApplyCase c;
   SECTION("x.npy cut right after its header") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.x());
-    b.resize(npy_header_bytes(b));
-    g3test::write_bytes(c.x(), b);
+    cut_file(c.x(), npy_header_bytes);
     c.rejected({}, "truncated");
   }
   SECTION("x.npy cut in the middle of the data") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.x());
-    b.resize(b.size() - 1001);
-    g3test::write_bytes(c.x(), b);
+    cut_file(c.x(), [](const std::vector<uint8_t>& b) { return b.size() - 1001; });
     c.rejected({}, "truncated");
   }
   SECTION("x.npy cut inside its header") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.x());
-    b.resize(40);
-    g3test::write_bytes(c.x(), b);
+    cut_file(c.x(), [](const std::vector<uint8_t>&) { return size_t{40}; });
     c.rejected();
   }
   SECTION("positions.npy cut right after its header") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.pos());
-    b.resize(npy_header_bytes(b));
-    g3test::write_bytes(c.pos(), b);
+    cut_file(c.pos(), npy_header_bytes);
     c.rejected();
   }
   SECTION("attention_mask.npy cut right after its header") {
-    ApplyCase c;
     REQUIRE(!c.mask.empty());
-    std::vector<uint8_t> b = g3test::read_bytes(c.mask);
-    b.resize(npy_header_bytes(b));
-    g3test::write_bytes(c.mask, b);
+    cut_file(c.mask, npy_header_bytes);
     c.rejected();
   }
   SECTION("weights.safetensors cut right after its JSON header") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.weights());
-    uint64_t n;
-    std::memcpy(&n, b.data(), 8);
-    b.resize(8 + n);
-    g3test::write_bytes(c.weights(), b);
+    cut_file(c.weights(), safetensors_header_bytes);
     c.rejected();
   }
   SECTION("weights.safetensors cut one byte short") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.weights());
-    b.pop_back();
-    g3test::write_bytes(c.weights(), b);
+    cut_file(c.weights(), [](const std::vector<uint8_t>& b) { return b.size() - 1; });
     c.rejected();
   }
   SECTION("weights.safetensors cut inside its JSON header") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.weights());
-    b.resize(100);
-    g3test::write_bytes(c.weights(), b);
+    cut_file(c.weights(), [](const std::vector<uint8_t>&) { return size_t{100}; });
     c.rejected();
   }
   SECTION("weights.safetensors of 5 bytes") {
-    ApplyCase c;
-    std::vector<uint8_t> b = g3test::read_bytes(c.weights());
-    b.resize(5);
-    g3test::write_bytes(c.weights(), b);
+    cut_file(c.weights(), [](const std::vector<uint8_t>&) { return size_t{5}; });
     c.rejected();
   }
   SECTION("empty weights file") {
-    ApplyCase c;
     g3test::write_bytes(c.weights(), {});
     c.rejected();
   }
   SECTION("config.json cut in half") {
-    ApplyCase c;
     std::string t = g3test::read_text(c.cfg());
     g3test::write_text(c.cfg(), t.substr(0, t.size() / 2));
     c.rejected();
