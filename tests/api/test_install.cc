@@ -2,9 +2,10 @@
 // C API and nothing else, and `cmake --install` gives a prefix in which the
 // examples build with find_package(g3attn CONFIG) and with pkg-config, run,
 // and print the same block outputs as the installed `g3attn apply` on the
-// same input. Not in the sanitizer stage: an uninstrumented program (the
-// examples built by the system compiler) cannot load an instrumented
-// library.
+// same input. Not in the sanitizer stage (the API is sanitised by the other
+// api suites); in a sanitized build (test.sh --sanitize-all runs every test)
+// the examples are instrumented too, since an uninstrumented program cannot
+// load an instrumented library.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -23,6 +24,12 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
+
+#ifdef G3ATTN_TEST_SANITIZED
+const std::string kSanitize = " -fsanitize=address,undefined";
+#else
+const std::string kSanitize;
+#endif
 
 // Every function of include/g3attn/g3attn.h.
 const char* kApi[] = {
@@ -141,7 +148,9 @@ TEST_CASE("install, build the examples with find_package and pkg-config, compare
 
   // Built with CMake against the prefix (the package's imported target).
   const std::string cm = tmp.file("cmake-build");
-  sh("cmake -S " + q(ex) + " -B " + q(cm) + " -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + q(P));
+  sh("cmake -S " + q(ex) + " -B " + q(cm) + " -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + q(P) +
+     " '-DCMAKE_C_FLAGS=" + kSanitize + "' '-DCMAKE_CXX_FLAGS=" + kSanitize + "' '-DCMAKE_EXE_LINKER_FLAGS=" +
+     kSanitize + "'");
   sh("cmake --build " + q(cm) + " -j2");
   // The package checks versions: same major and minor accepted (the
   // examples ask for 0.1), anything else refused at configure time.
@@ -167,9 +176,9 @@ TEST_CASE("install, build the examples with find_package and pkg-config, compare
   CHECK(flags.find("-lg3attn") != std::string::npos);
   const std::string f = flags.substr(0, flags.find_last_not_of(" \n") + 1);
   for (const char* c : {"prefill_decode", "head_ranges"})
-    sh("cc -std=c99 -pedantic -Wall -Wextra -Werror -O1 " + q(ex + "/" + c + ".c") + " " + f + " -lm -o " +
+    sh("cc -std=c99 -pedantic -Wall -Wextra -Werror -O1" + kSanitize + " " + q(ex + "/" + c + ".c") + " " + f + " -lm -o " +
        q(pc + "/" + c));
-  sh("c++ -std=c++17 -Wall -O1 " + q(ex + "/kernels_by_key.cpp") + " " + f + " -o " + q(pc + "/kernels_by_key"));
+  sh("c++ -std=c++17 -Wall -O1" + kSanitize + " " + q(ex + "/kernels_by_key.cpp") + " " + f + " -o " + q(pc + "/kernels_by_key"));
   const std::string run_env = "LD_LIBRARY_PATH=" + q(libdir) + " ";
 
   // The examples' input (x[t][d] = sin(0.7 (t + 1) + 1.3 (d + 1)) at
