@@ -54,11 +54,9 @@ dnnl::stream& thread_stream() {
 // when a primitive is created and again when it runs; with one thread it
 // runs inline and never starts an OpenMP team, whose threads would spin on
 // the pool's cores after every call (see the header).
-bool experiment_omp() { static bool on = getenv("G3X_OMP") != nullptr; return on; }
 class OneOmpThread {
  public:
   OneOmpThread() : prev_(omp_get_max_threads()) {
-    if (experiment_omp()) { prev_ = 1; return; }
     if (prev_ != 1) omp_set_num_threads(1);
   }
   ~OneOmpThread() {
@@ -73,18 +71,41 @@ class OneOmpThread {
 
 Dt data_type(DType compute) { return compute == DType::BF16 ? Dt::bf16 : Dt::f32; }
 
+// The scratchpad is ours (scratchpad_mode::user): with oneDNN's own
+// ("library") scratchpad, blocks of one call executing the same primitive
+// on several pool threads at once produced wrong results now and then on
+// AMX (the test of awkward shapes on three threads caught it), and each
+// thread gets its own grow-only buffer here instead, which also keeps
+// oneDNN from allocating during a call.
 dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, DType compute, const memory::desc& weights) {
   memory::desc src({M, K}, data_type(compute), Tag::ab);
   memory::desc dst({M, N}, Dt::f32, Tag::ab);
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), cpu_engine());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, cpu_engine());
 }
 
-// Dense staging buffers of a call (see run), per calling thread, grown
-// only; the pool's threads write disjoint rows of the caller's buffers.
+// Grow-only, 64-byte aligned buffers per thread: 0 and 1 are the dense
+// staging buffers of a call (see run), in the calling thread, whose rows the
+// pool's threads write disjointly; 2 is the oneDNN scratchpad of the thread
+// that executes a block.
 uint8_t* scratch_bytes(int which, size_t n) {
-  thread_local std::vector<uint8_t> v[2];
-  if (v[which].size() < n) v[which].resize(n);
-  return v[which].data();
+  struct Buf {
+    uint8_t* p = nullptr;
+    size_t size = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf v[3];
+  Buf& b = v[which];
+  if (b.size < n) {
+    const size_t bytes = (n + 63) / 64 * 64;
+    void* mem = std::aligned_alloc(64, bytes);
+    if (!mem) throw std::bad_alloc();
+    std::free(b.p);
+    b.p = static_cast<uint8_t*>(mem);
+    b.size = bytes;
+  }
+  return b.p;
 }
 
 // The contract's rounding (generator/bf16.h) sixteen lanes at a time: add
@@ -152,17 +173,22 @@ struct OnednnMatmul::Impl {
   mutable std::mutex mu;
   // Primitives per row count of a block (kOnednnBlockRows, and the ragged
   // last blocks' counts), made on first use and kept.
-  mutable std::map<int64_t, std::shared_ptr<const dnnl::matmul>> prims;
-  mutable std::map<int64_t, std::string> impls;
+  struct Prim {
+    dnnl::matmul p;
+    memory::desc src, dst, scratch;
+    std::string impl;
+  };
+  mutable std::map<int64_t, std::shared_ptr<const Prim>> prims;
 
-  const dnnl::matmul& prim(int64_t rows) const {
+  const Prim& prim(int64_t rows) const {
     std::lock_guard<std::mutex> lock(mu);
     auto it = prims.find(rows);
     if (it != prims.end()) return *it->second;
     OneOmpThread one;
     auto pd = matmul_pd(rows, K, N, compute, wdesc);
-    impls[rows] = pd.impl_info_str();
-    return *prims.emplace(rows, std::make_shared<const dnnl::matmul>(pd)).first->second;
+    auto p = std::make_shared<Prim>(Prim{dnnl::matmul(pd), pd.src_desc(), pd.dst_desc(), pd.scratchpad_desc(),
+                                         pd.impl_info_str()});
+    return *prims.emplace(rows, std::move(p)).first->second;
   }
 };
 
@@ -217,9 +243,7 @@ size_t OnednnMatmul::bytes() const { return impl_->wdesc.get_size(); }
 
 std::string OnednnMatmul::implementation(int64_t M) const {
   const int64_t rows = std::min(M, kOnednnBlockRows);
-  impl_->prim(rows);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->impls[rows];
+  return impl_->prim(rows).impl;
 }
 
 void OnednnMatmul::run(const float* a, int64_t M, int64_t lda, float* c, int64_t ldc,
@@ -227,7 +251,6 @@ void OnednnMatmul::run(const float* a, int64_t M, int64_t lda, float* c, int64_t
   if (M <= 0) return;
   const Impl& I = *impl_;
   const int64_t K = I.K, N = I.N;
-  const Dt dt = data_type(I.compute);
   // oneDNN's fast matmul kernels (brgemm) read a dense source and write a
   // dense destination: rows of exactly K and N elements. The bf16 mode
   // rounds the activations into a dense buffer anyway; a strided f32 source
@@ -236,21 +259,6 @@ void OnednnMatmul::run(const float* a, int64_t M, int64_t lda, float* c, int64_t
   uint8_t* a_buf = stage_a ? scratch_bytes(0, size_t(M * K) * (bf16 ? 2 : 4)) : nullptr;
   float* c_buf = stage_c ? reinterpret_cast<float*>(scratch_bytes(1, size_t(M * N) * 4)) : nullptr;
   const int64_t nblocks = (M + kOnednnBlockRows - 1) / kOnednnBlockRows;
-  if (experiment_omp()) {
-    const dnnl::matmul& p = I.prim(M);
-    if (stage_a) {
-      if (bf16) round_rows_to_bf16(a, lda, K, 0, M, reinterpret_cast<uint16_t*>(a_buf));
-      else for (int64_t r = 0; r < M; ++r) std::memcpy(a_buf + size_t(r * K) * 4, a + r * lda, size_t(K) * 4);
-    }
-    memory sm(memory::desc({M, K}, dt, Tag::ab), cpu_engine(), stage_a ? (void*)a_buf : (void*)a);
-    memory wm(I.wdesc, cpu_engine(), I.weights.get());
-    memory dm(memory::desc({M, N}, Dt::f32, Tag::ab), cpu_engine(), stage_c ? c_buf : c);
-    dnnl::stream& s = thread_stream();
-    p.execute(s, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}});
-    s.wait();
-    if (stage_c) for (int64_t r = 0; r < M; ++r) std::memcpy(c + r * ldc, c_buf + r * N, size_t(N) * 4);
-    return;
-  }
   parallel_for(nblocks, [&](int64_t i) {
     const int64_t r0 = i * kOnednnBlockRows, rows = std::min(kOnednnBlockRows, M - r0);
     const void* src = a + r0 * lda;
@@ -264,12 +272,13 @@ void OnednnMatmul::run(const float* a, int64_t M, int64_t lda, float* c, int64_t
     }
     float* dst = stage_c ? c_buf + r0 * N : c + r0 * ldc;
     OneOmpThread one;
-    const dnnl::matmul& p = I.prim(rows);
-    memory sm(memory::desc({rows, K}, dt, Tag::ab), cpu_engine(), const_cast<void*>(src));
+    const Impl::Prim& p = I.prim(rows);
+    memory sm(p.src, cpu_engine(), const_cast<void*>(src));
     memory wm(I.wdesc, cpu_engine(), I.weights.get());
-    memory dm(memory::desc({rows, N}, Dt::f32, Tag::ab), cpu_engine(), dst);
+    memory dm(p.dst, cpu_engine(), dst);
+    memory pad(p.scratch, cpu_engine(), scratch_bytes(2, std::max<size_t>(p.scratch.get_size(), 64)));
     dnnl::stream& s = thread_stream();
-    p.execute(s, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}});
+    p.p.execute(s, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}, {DNNL_ARG_SCRATCHPAD, pad}});
     s.wait();
     if (stage_c)
       for (int64_t r = 0; r < rows; ++r) std::memcpy(c + (r0 + r) * ldc, dst + r * N, size_t(N) * sizeof(float));

@@ -23,7 +23,7 @@
 // Threads. Debian builds oneDNN on OpenMP, so every call would otherwise
 // start an OpenMP team beside the runtime's pool and leave it spinning
 // after the call, on cores the pool's next stage needs. Instead the pool
-// splits a call into column blocks of fixed width (the split depends only
+// splits a call into row blocks of fixed height (the split depends only
 // on the shape, so results are the same for any thread count) and each
 // block runs oneDNN with OpenMP held to one thread in the calling thread:
 // no OpenMP team ever starts. The other arrangement (one call with
@@ -71,8 +71,9 @@ class OnednnMatmul {
 
   // One call: c[m][n] = sum_k a[m][k] W[n][k] for m < M, all n, rows of a
   // lda floats apart and of c ldc floats apart. `parallel_for(n, fn)` runs
-  // fn(0..n-1) spread over the caller's threads (the runtime's pool); it
-  // rounds the activations (bf16 mode) and then runs the column blocks.
+  // fn(0..n-1) spread over the caller's threads (the runtime's pool); each
+  // block of kOnednnBlockRows rows rounds its activations (bf16 mode) and
+  // runs oneDNN on them.
   using ParallelFor = std::function<void(int64_t, const std::function<void(int64_t)>&)>;
   void run(const float* a, int64_t M, int64_t lda, float* c, int64_t ldc, const ParallelFor& parallel_for) const;
 

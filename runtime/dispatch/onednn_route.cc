@@ -89,6 +89,14 @@ ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType comp
                                 bool isa_capped) {
   if (request == ProjectionRoute::Highway) return ProjProvider::Highway;
   if (request == ProjectionRoute::Onednn) {
+    // Both would be silent substitutions: the reference is the oracle and
+    // runs its own GEMM, and oneDNN picks its ISA itself, above any cap.
+    if (gemm_backend == "reference")
+      throw InputError("--proj onednn: the reference backend runs its own GEMM (it is the oracle); "
+                       "use --proj highway or auto with it");
+    if (isa_capped)
+      throw InputError("--proj onednn: oneDNN picks its own ISA and would not honour the --isa cap; "
+                       "use --proj highway or auto with a capped ISA");
     const std::string& why = onednn_reason(compute);
     if (!why.empty()) throw InputError("--proj onednn: " + why);
     return ProjProvider::Onednn;

@@ -63,8 +63,9 @@ std::string projection_provider_source(Phase phase, DType compute);
 // What a layer runs for one phase: its request, or for auto the table,
 // except that auto keeps the layer's own GEMM when `gemm_backend` (the
 // backend of its gemm stage) is the reference or `isa_capped`, and when
-// oneDNN cannot serve the compute mode here. A request for onednn that
-// oneDNN cannot serve is an InputError naming the reason.
+// oneDNN cannot serve the compute mode here. A request for onednn is an
+// InputError naming the reason when the gemm backend is the reference, when
+// the ISA is capped, or when oneDNN cannot serve the compute mode here.
 ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType compute, const std::string& gemm_backend,
                                 bool isa_capped);
 

@@ -204,8 +204,8 @@ void parallel_gemm(ThreadPool& pool, const g3_kernel_table& k, const PackedWeigh
   });
 }
 
-// The pool as oneDNN's provider takes it (it splits a call into column
-// blocks over the caller's threads).
+// The pool as oneDNN's provider takes it (it splits a call into row blocks
+// over the caller's threads).
 OnednnMatmul::ParallelFor pool_for_each(ThreadPool& pool) {
   return [&pool](int64_t n, const std::function<void(int64_t)>& fn) { pool.parallel_for(n, fn); };
 }
