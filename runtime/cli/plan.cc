@@ -12,6 +12,7 @@
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
 #include "runtime/exec/kv_cache.h"
+#include "runtime/tp/shard_plan.h"
 
 namespace g3::cli {
 
@@ -25,6 +26,8 @@ static std::vector<Option> plan_options() {
       {"batch", Arity::Value, "B", "sequences for the KV memory figures (default 1)"},
       {"chunk", Arity::Value, "C", "prefill chunk: local-layer rings get W + C - 1 slots (default: none, W slots)"},
   };
+  o.push_back({"tp", Arity::Value, "R[,R...]",
+               "tensor-parallel degrees: weight and KV bytes per rank for each R (R must divide Nkv)"});
   for (auto& c : common_kernel_options()) o.push_back(c);
   return o;
 }
@@ -53,6 +56,20 @@ int cmd_plan(int argc, char** argv, int first) {
   const int64_t batch = a.integer("batch", 1, 1, 1 << 20);
   const int64_t chunk = a.integer("chunk", 1, 1, 1ll << 31);
   const KvBytes kvb = kv_bytes(m, context, batch, kv, chunk);
+  // --tp: every degree is checked before anything is printed.
+  std::vector<ShardBytes> shards;
+  if (a.has("tp"))
+    for (const std::string& item : a.list("tp", "")) {
+      size_t used = 0;
+      int R = 0;
+      try {
+        R = std::stoi(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || R < 1) throw InputError("--tp: '" + item + "' is not a positive integer");
+      shards.push_back(shard_bytes(m, R, wt, context, batch, kv, chunk));
+    }
 
   // One choice per distinct key and phase: auto may route a layer's prefill
   // and decode calls to different backends (a tune profile, profile.h).
@@ -123,6 +140,9 @@ int cmd_plan(int argc, char** argv, int first) {
                        {"context", context},      {"batch", batch},
                        {"dtype", to_string(kv)}};
     if (a.has("chunk")) out["kv_bytes"]["chunk"] = chunk;
+    for (const ShardBytes& sb : shards)
+      out["tp"].push_back({{"ranks", sb.ranks}, {"weight_bytes_per_rank", sb.weights},
+                           {"kv_bytes_per_rank", {{"ring", sb.kv.ring}, {"full_length", sb.kv.full_length}}}});
     if (!hint.empty()) out["hint"] = hint;
     emit_json(a, out.dump(1));
     return 0;
@@ -143,6 +163,14 @@ int cmd_plan(int argc, char** argv, int first) {
             << (batch == 1 ? "" : "s") << (a.has("chunk") ? ", chunk " + std::to_string(chunk) : std::string())
             << "): ring " << gib(kvb.ring) << " (" << kvb.ring << " bytes) vs full length " << gib(kvb.full_length)
             << " (" << kvb.full_length << " bytes)\n";
+  if (!shards.empty()) {
+    std::vector<std::vector<std::string>> t = {{"tp ranks", "KV heads/rank", "weights/rank (" + std::string(to_string(wt)) +
+                                                 ")", "KV ring/rank", "KV full length/rank"}};
+    for (const ShardBytes& sb : shards)
+      t.push_back({std::to_string(sb.ranks), std::to_string(m.num_kv_heads / sb.ranks), gib(sb.weights),
+                   gib(sb.kv.ring), gib(sb.kv.full_length)});
+    std::cout << "tensor parallel (attention weights and KV caches per rank):\n" << format_table(t);
+  }
   return 0;
 }
 

@@ -15,6 +15,8 @@
 #include "runtime/exec/run.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/io/checkpoint.h"
+#include "runtime/cli/run_tp.h"
+#include "runtime/tp/mpi_comm.h"
 
 namespace g3::cli {
 
@@ -37,6 +39,12 @@ static std::vector<Option> run_options() {
       {"json", Arity::OptionalValue, "FILE",
        "the summary as JSON: alone, JSON instead of the text on stdout; with FILE, the text plus FILE"},
   };
+  // Tensor parallelism (runtime/tp/); a build without MPI says so here.
+  o.push_back({"tp", Arity::Value, "R",
+               mpi_built() ? "tensor parallel over R MPI ranks, each holding Nkv/R KV heads of every layer: "
+                             "mpirun -np R g3attn run --tp R ... (README \"Tensor parallelism (MPI)\")"
+                           : "tensor parallel over MPI ranks: not available, this g3attn was built without MPI "
+                             "(G3ATTN_WITH_MPI=OFF)"});
   for (auto& c : common_kernel_options()) o.push_back(c);
   return o;
 }
@@ -102,6 +110,7 @@ int cmd_run(int argc, char** argv, int first) {
     last_pct = pct;
   };
 
+  if (a.has("tp")) return run_tp(a, r, argc, argv, first);
   // Validate everything, the --json path included, before printing or
   // computing: a rejection is one line on stderr.
   check_run_request(r);

@@ -1,0 +1,191 @@
+// g3attn run --tp R under mpirun: every rank runs its KV head range of the
+// stack; rank 0 alone prints the summary (or JSON) with the per-rank KV
+// memory, the all-reduce payload per token and the share of time in it.
+// Errors every rank meets alike are printed once, by rank 0; a failure of
+// one rank is printed by that rank.
+#include "runtime/cli/run_tp.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <new>
+#include <nlohmann/json.hpp>
+
+#include "generator/errors.h"
+#include "runtime/tp/mpi_comm.h"
+#include "runtime/tp/tp_run.h"
+
+namespace g3::cli {
+
+namespace {
+
+std::string bytes_str(double bytes) {
+  char buf[64];
+  if (bytes >= double(1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(1ull << 30));
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / double(1ull << 20));
+  return buf;
+}
+
+void print_summary(const RunRequest& r, const TpRunResult& t) {
+  const RunResult& res = t.run;
+  const int nglobal = int(std::count_if(res.layers.begin(), res.layers.end(),
+                                        [](const RunLayer& l) { return l.kind == LayerKind::Global; }));
+  std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
+              res.config.name.c_str(), res.config.hidden_size, res.config.num_layers,
+              res.config.num_layers - nglobal, nglobal);
+  std::printf("tensor parallel: %d ranks, %d of %d KV heads (%d of %d query heads) per rank, %d threads per rank\n",
+              t.ranks, res.config.num_kv_heads / t.ranks, res.config.num_kv_heads, res.config.num_heads / t.ranks,
+              res.config.num_heads, res.threads);
+  std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, compute %s, isa %s\n", (long long)r.batch,
+              (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
+              to_string(r.kv_dtype), to_string(r.compute), res.isa.c_str());
+  // Routing of rank 0's layers (a range keeps its layer's kernel key).
+  std::map<std::string, std::vector<const RunLayer*>> routes;
+  for (const auto& l : res.layers) routes[l.key].push_back(&l);
+  std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
+  for (const auto& [k, ls] : routes)
+    table.push_back({k, to_string(ls[0]->kind), std::to_string(ls.size()),
+                     ls[0]->backend + (ls[0]->specialised ? "" : " (generic)"), ls[0]->isa});
+  std::fflush(stdout);
+  std::cout << format_table(table) << std::flush;
+  std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
+  if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+  const double tot = std::max(1e-9, res.local_ms + res.global_ms);
+  std::printf("time split (rank 0): local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
+              100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
+  std::string per_rank;
+  for (size_t i = 0; i < t.kv_bytes_per_rank.size(); ++i)
+    per_rank += (i ? ", " : "") + std::string("rank ") + std::to_string(i) + " " + bytes_str(t.kv_bytes_per_rank[i]);
+  std::printf("KV memory per rank (ring, %lld positions): %s; one process: %s\n", (long long)(r.prompt + r.decode),
+              per_rank.c_str(), bytes_str(double(t.kv_single_process)).c_str());
+  std::string shares;
+  double worst = 0;
+  for (size_t i = 0; i < t.comm_s_per_rank.size(); ++i) {
+    const double share = 100 * t.comm_s_per_rank[i] / std::max(1e-9, t.run_s_per_rank[i]);
+    worst = std::max(worst, share);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%srank %zu %.1f%%", i ? ", " : "", i, share);
+    shares += buf;
+  }
+  std::printf("all-reduce: %llu bytes per token per rank (%d layers x %d floats); share of prefill+decode time in "
+              "it: %s (waiting for the slowest rank included)\n",
+              (unsigned long long)t.allreduce_bytes_per_token, res.config.num_layers, res.config.hidden_size,
+              shares.c_str());
+  if (res.verified)
+    std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s); "
+                "vs the single-process run %.3g\n",
+                res.max_abs_diff, res.max_abs_diff_prefill, res.max_abs_diff_decode, res.verify_s,
+                t.max_abs_diff_single);
+  std::fflush(stdout);
+}
+
+nlohmann::json to_json(const RunRequest& r, const TpRunResult& t) {
+  const RunResult& res = t.run;
+  nlohmann::json j;
+  j["model"] = {{"name", res.config.name}, {"hidden_size", res.config.hidden_size},
+                {"num_layers", res.config.num_layers}};
+  j["attention_only"] = true;
+  j["batch"] = r.batch;
+  j["prompt"] = r.prompt;
+  j["decode"] = r.decode;
+  j["chunk"] = std::min(r.chunk, r.prompt);
+  j["threads"] = res.threads;
+  j["isa"] = res.isa;
+  j["kv_dtype"] = to_string(r.kv_dtype);
+  j["compute"] = to_string(r.compute);
+  j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
+  j["prefill_s"] = res.prefill_s;
+  j["decode_ms_per_token"] = res.decode_ms_per_token;
+  j["local_ms"] = res.local_ms;
+  j["global_ms"] = res.global_ms;
+  j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};
+  j["tp"] = {{"ranks", t.ranks},
+             {"kv_bytes_per_rank", t.kv_bytes_per_rank},
+             {"kv_bytes_single_process", t.kv_single_process},
+             {"allreduce_bytes_per_token", t.allreduce_bytes_per_token},
+             {"comm_s_per_rank", t.comm_s_per_rank},
+             {"run_s_per_rank", t.run_s_per_rank}};
+  if (res.verified)
+    j["verify"] = {{"max_abs_diff", res.max_abs_diff},
+                   {"max_abs_diff_prefill", res.max_abs_diff_prefill},
+                   {"max_abs_diff_decode", res.max_abs_diff_decode},
+                   {"max_abs_diff_single_process", t.max_abs_diff_single},
+                   {"seconds", res.verify_s}};
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : res.layers)
+    layers.push_back({{"index", l.index},
+                      {"kind", to_string(l.kind)},
+                      {"key", l.key},
+                      {"backend", l.backend},
+                      {"isa", l.isa},
+                      {"specialised", l.specialised},
+                      {"ms", l.prefill_ms + l.decode_ms},
+                      {"prefill_ms", l.prefill_ms},
+                      {"decode_ms", l.decode_ms}});
+  j["layers"] = layers;
+  return j;
+}
+
+}  // namespace
+
+int run_tp(const Args& a, RunRequest r, int argc, char** argv, int first) {
+  const int tp = int(a.integer("tp", 1, 1, 1 << 16));
+  std::unique_ptr<Comm> comm = mpi_world();
+  const int rank = comm->rank();
+  const bool root = rank == 0;
+  auto say = [&](const std::string& msg) { std::cerr << "g3attn run: " << msg << "\n"; };
+  if (!root) r.progress = nullptr;
+
+  // Checks every rank makes alike, so they all stop here together and the
+  // message is printed once. Ranks started with different arguments would
+  // disagree on the collective calls ahead and hang, so that comes first.
+  std::string joined;
+  for (int i = first; i < argc; ++i) joined += std::string(argv[i]) + '\0';
+  try {
+    if (!comm->all_same(std::hash<std::string>{}(joined)))
+      throw InputError("the ranks were started with different arguments; every rank of `mpirun -np R g3attn run "
+                       "--tp R ...` must get the same ones");
+    check_run_request(r);
+    check_tp_request(r, tp, *comm);
+    if (a.has("json") && !a.str("json").empty()) check_output_path(a.str("json"), "--json");
+  } catch (const InputError& e) {
+    if (root) say(e.what());
+    return 2;
+  }
+  if (root)
+    std::cerr << "g3attn run: model " << r.config.name << " on " << tp
+              << " ranks (tensor parallel), attention stack only (the MLPs are not part of it), " << r.batch
+              << " x (" << r.prompt << " prompt + " << r.decode << " decode) tokens\n";
+
+  TpRunResult res;
+  try {
+    res = run_tensor_parallel(r, tp, *comm);
+  } catch (const RankError& e) {
+    say(e.what());
+    return 2;
+  } catch (const PeerFailed& e) {
+    if (root) say(e.what());
+    return 2;
+  } catch (const InputError& e) {
+    if (root) say(e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // Other ranks may be inside an all-reduce: only ending the job frees them.
+    say("rank " + std::to_string(rank) + ": out of memory");
+    comm->abort(2);
+  } catch (const std::exception& e) {
+    say("rank " + std::to_string(rank) + ": internal error: " + e.what());
+    comm->abort(1);
+  }
+  if (!root) return 0;
+  const bool json_stdout = a.has("json") && a.str("json").empty();
+  if (!json_stdout) print_summary(r, res);
+  if (a.has("json")) emit_json(a, to_json(r, res).dump(1));
+  return 0;
+}
+
+}  // namespace g3::cli
