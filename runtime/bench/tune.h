@@ -3,7 +3,11 @@
 // bench's default prefill and decode rows (the runtime's attention core on
 // its KV caches and thread pool, runtime/bench/bench.h), on each ISA cap
 // asked for; the fastest per (key, phase, ISA) goes into this CPU's profile
-// (runtime/dispatch/profile.h), which `auto` then follows.
+// (runtime/dispatch/profile.h), which `auto` then follows. The projections
+// are measured too, per provider (highway, onednn: onednn_route.h), on the
+// bench's projections rows (N new tokens: prefill; 1 token: decode) for
+// each model and compute mode; the faster per (phase, compute mode) becomes
+// what --proj auto runs.
 #pragma once
 #include <string>
 #include <vector>
@@ -26,7 +30,7 @@ struct TuneOptions {
 
 struct TuneResult {
   Profile profile;
-  Result bench;        // the rows measured
+  Result bench;        // the rows measured (attention cores, then projections)
   std::string path;    // where the profile was written
 };
 
@@ -38,5 +42,12 @@ TuneResult run_tune(const TuneOptions& o);
 // the backend with the lowest sum over contexts of its time relative to the
 // fastest row of each context.
 std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
+
+// The projection entries a set of bench rows implies (projections rows with
+// proj highway or onednn; the others are ignored): per (phase, compute
+// mode), the provider with the lowest sum over the models of its time
+// relative to the fastest provider of each model's shape; a provider
+// missing a shape is not a candidate.
+std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>& rows);
 
 }  // namespace g3::bench

@@ -11,6 +11,7 @@
 #include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
+#include "runtime/dispatch/onednn_route.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/tp/shard_plan.h"
 
@@ -29,6 +30,8 @@ static std::vector<Option> plan_options() {
   o.push_back({"tp", Arity::Value, "R[,R...]",
                "tensor-parallel degrees: weight and KV bytes per rank for each R (R must divide Nkv)"});
   for (auto& c : common_kernel_options()) o.push_back(c);
+  o.push_back({"proj", Arity::Value, "NAME",
+               "projection provider highway|onednn|auto (default auto: the rule below, or a tune profile's choice)"});
   return o;
 }
 
@@ -40,7 +43,10 @@ int cmd_plan(int argc, char** argv, int first) {
                  "heads, KV heads, head_dim, kernel key, backend of the attention core, ISA,\n"
                  "then the KV cache memory at --context positions x --batch sequences: \"ring\" is what\n"
                  "`g3attn run` allocates (global layers full length, local layers a ring of W slots,\n"
-                 "W + C - 1 with --chunk C), \"full_length\" the official layout (every layer N slots).\n\n"
+                 "W + C - 1 with --chunk C), \"full_length\" the official layout (every layer N slots).\n"
+                 "Then the projection provider (Highway's GEMM or oneDNN's matmul) of prefill-sized calls\n"
+                 "(more than " << kProjDecodeMaxRows << " rows) and decode-sized ones, and where each choice came from. --proj:\n"
+                 "  " << projection_rule_text() << ".\n\n"
               << a.usage();
     return 0;
   }
@@ -56,6 +62,7 @@ int cmd_plan(int argc, char** argv, int first) {
   const int64_t batch = a.integer("batch", 1, 1, 1 << 20);
   const int64_t chunk = a.integer("chunk", 1, 1, 1ll << 31);
   const KvBytes kvb = kv_bytes(m, context, batch, kv, chunk);
+  const ProjectionRoute proj = parse_projection_route(a.str("proj", "auto"));
   // --tp: every degree is checked before anything is printed.
   std::vector<ShardBytes> shards;
   if (a.has("tp"))
@@ -74,6 +81,9 @@ int cmd_plan(int argc, char** argv, int first) {
   // One choice per distinct key and phase: auto may route a layer's prefill
   // and decode calls to different backends (a tune profile, profile.h).
   std::map<std::string, KernelChoice> choices, decode_choices;
+  // The distinct projection choices of the layers (one, unless the layers'
+  // GEMM backends differ), for the lines under the table.
+  std::map<std::pair<bool, bool>, std::pair<ProjectionChoice, ProjectionChoice>> proj_choices;
   nlohmann::json layers = nlohmann::json::array();
   std::vector<std::vector<std::string>> table = {{"layer", "kind", "window", "rope_base", "rope_scale", "alpha", "N",
                                                   "Nkv", "head_dim", "key", "backend", "decode", "isa"}};
@@ -87,6 +97,11 @@ int cmd_plan(int argc, char** argv, int first) {
       dit = decode_choices.emplace(key.str(), kernels_for(key, backend, isa, Phase::Decode)).first;
     const KernelChoice& c = it->second;
     const KernelChoice& dc = dit->second;
+    // The projection provider per phase, as prepare_layer resolves it.
+    const bool capped = isa != best_isa();
+    const ProjectionChoice pp = explain_projection(proj, Phase::Prefill, compute, c.stages[Stage::Gemm], capped);
+    const ProjectionChoice pd = explain_projection(proj, Phase::Decode, compute, dc.stages[Stage::Gemm], capped);
+    proj_choices[{pp.provider == ProjProvider::Onednn, pd.provider == ProjProvider::Onednn}] = {pp, pd};
     nlohmann::json j;
     j["index"] = l.index;
     j["kind"] = to_string(l.kind);
@@ -103,6 +118,7 @@ int cmd_plan(int argc, char** argv, int first) {
     j["decode_backend"] = dc.backend;
     if (!c.source.empty()) j["source"] = c.source;
     if (!dc.source.empty()) j["decode_source"] = dc.source;
+    j["proj"] = {{"prefill", to_string(pp.provider)}, {"decode", to_string(pd.provider)}};
     j["isa"] = c.kernels.isa;
     j["specialised"] = c.kernels.specialised;
     for (Stage s : kStages) j["stages"][stage_name(s)] = c.stages[s];
@@ -144,6 +160,10 @@ int cmd_plan(int argc, char** argv, int first) {
       out["tp"].push_back({{"ranks", sb.ranks}, {"weight_bytes_per_rank", sb.weights},
                            {"kv_bytes_per_rank", {{"ring", sb.kv.ring}, {"full_length", sb.kv.full_length}}}});
     if (!hint.empty()) out["hint"] = hint;
+    out["proj_request"] = to_string(proj);
+    for (const auto& [k, v] : proj_choices)
+      out["projections"].push_back({{"prefill", {{"provider", to_string(v.first.provider)}, {"source", v.first.source}}},
+                                    {"decode", {{"provider", to_string(v.second.provider)}, {"source", v.second.source}}}});
     emit_json(a, out.dump(1));
     return 0;
   }
@@ -158,6 +178,10 @@ int cmd_plan(int argc, char** argv, int first) {
   for (const auto& [k, c] : choices)
     if (!c.fallback.empty()) std::cout << "note: " << k << ": " << c.fallback << "\n";
   if (!hint.empty()) std::cout << "hint: " << hint << "\n";
+  for (const auto& [k, v] : proj_choices)
+    std::cout << "projections (--proj " << to_string(proj) << ", compute " << to_string(compute) << "): prefill "
+              << to_string(v.first.provider) << " (" << v.first.source << "), decode " << to_string(v.second.provider)
+              << " (" << v.second.source << ")\n";
   auto gib = [](uint64_t b) { return fmt_double(double(b) / double(1ull << 30), 4) + " GiB"; };
   std::cout << "KV cache (" << to_string(kv) << ", " << context << " positions x " << batch << " sequence"
             << (batch == 1 ? "" : "s") << (a.has("chunk") ? ", chunk " + std::to_string(chunk) : std::string())

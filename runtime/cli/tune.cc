@@ -42,7 +42,10 @@ int cmd_tune(int argc, char** argv, int first) {
                  "over 4096 and 32768), and writes the fastest per key, phase and ISA into this CPU's\n"
                  "profile in the cache directory ($G3ATTN_CACHE_DIR, else $XDG_CACHE_HOME/g3attn, else\n"
                  "~/.cache/g3attn). --backend auto then routes each layer's prefill and decode calls\n"
-                 "to the measured winner; `g3attn plan` shows the choice and its margin. A profile is\n"
+                 "to the measured winner; `g3attn plan` shows the choice and its margin. It also measures\n"
+                 "the projections (Q/K/V and output, 512 tokens: prefill; 1 token: decode) on Highway's\n"
+                 "GEMM and on oneDNN's matmul for each compute mode, and --proj auto then runs the\n"
+                 "faster per phase and compute mode instead of the default rule. A profile is\n"
                  "valid for this CPU (vendor, family/model, ISA features) and this g3attn version\n"
                  "only; entries of an earlier profile of this CPU that this run does not measure are\n"
                  "kept.\n\n"
@@ -85,10 +88,20 @@ int cmd_tune(int argc, char** argv, int first) {
     j["entries"].push_back({{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
                             {"margin", e.margin()}, {"ms", e.ms}});
   }
+  j["projections"] = nlohmann::json::array();
+  std::vector<std::vector<std::string>> ptable = {{"projections", "compute", "best", "margin", "ms per provider"}};
+  for (const ProjectionEntry& e : r.profile.projections) {
+    std::string times;
+    for (const auto& [p, ms] : e.ms) times += (times.empty() ? "" : ", ") + p + " " + fmt_double(ms, 4);
+    ptable.push_back({to_string(e.phase), to_string(e.compute), e.best, fmt_double(e.margin(), 3), times});
+    j["projections"].push_back({{"phase", to_string(e.phase)}, {"compute", to_string(e.compute)}, {"best", e.best},
+                                {"margin", e.margin()}, {"ms", e.ms}});
+  }
   for (const auto& n : r.bench.notes) j["notes"].push_back(n);
   if (!json_stdout) {
     std::cout << "profile for " << r.profile.cpu << "\nwritten to " << r.path << "\n";
     std::cout << format_table(table);
+    if (ptable.size() > 1) std::cout << format_table(ptable);
     for (const auto& n : r.bench.notes) std::cout << "note: " << n << "\n";
   }
   if (a.has("json")) emit_json(a, j.dump(2));

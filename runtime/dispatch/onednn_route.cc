@@ -61,6 +61,7 @@ ProjProvider default_projection_provider(Phase phase, DType compute) {
 }
 
 ProjProvider projection_provider(Phase phase, DType compute) {
+  (void)active_profile();  // its projection entries, once, before the table is read
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_set.find({phase, compute});
@@ -80,14 +81,15 @@ void reset_projection_providers() {
 }
 
 std::string projection_provider_source(Phase phase, DType compute) {
+  (void)active_profile();
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_set.find({phase, compute});
   return it == g_set.end() ? "default rule" : it->second.source;
 }
 
-ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType compute, const std::string& gemm_backend,
-                                bool isa_capped) {
-  if (request == ProjectionRoute::Highway) return ProjProvider::Highway;
+ProjectionChoice explain_projection(ProjectionRoute request, Phase phase, DType compute,
+                                    const std::string& gemm_backend, bool isa_capped) {
+  if (request == ProjectionRoute::Highway) return {ProjProvider::Highway, "--proj highway"};
   if (request == ProjectionRoute::Onednn) {
     // Both would be silent substitutions: the reference is the oracle and
     // runs its own GEMM, and oneDNN picks its ISA itself, above any cap.
@@ -99,19 +101,28 @@ ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType comp
                        "use --proj highway or auto with a capped ISA");
     const std::string& why = onednn_reason(compute);
     if (!why.empty()) throw InputError("--proj onednn: " + why);
-    return ProjProvider::Onednn;
+    return {ProjProvider::Onednn, "--proj onednn"};
   }
-  if (gemm_backend == "reference" || isa_capped) return ProjProvider::Highway;
+  if (gemm_backend == "reference") return {ProjProvider::Highway, "auto keeps the reference's own GEMM"};
+  if (isa_capped) return {ProjProvider::Highway, "auto keeps Highway under an --isa cap (oneDNN would ignore it)"};
+  // The profile, when there is one, sets the table before it is read.
   const ProjProvider p = projection_provider(phase, compute);
-  if (p == ProjProvider::Onednn && !onednn_reason(compute).empty()) return ProjProvider::Highway;
-  return p;
+  const std::string source = projection_provider_source(phase, compute);
+  if (p == ProjProvider::Onednn && !onednn_reason(compute).empty())
+    return {ProjProvider::Highway, source + " said onednn, but " + onednn_reason(compute)};
+  return {p, source};
+}
+
+ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType compute, const std::string& gemm_backend,
+                                bool isa_capped) {
+  return explain_projection(request, phase, compute, gemm_backend, isa_capped).provider;
 }
 
 std::string projection_rule_text() {
   return "auto (the default) runs prefill-sized calls (more than " + std::to_string(kProjDecodeMaxRows) +
          " rows) of the bf16 compute mode on oneDNN where this process may use AMX tiles, everything else "
-         "(f32 compute, decode-sized calls) on Highway, as measured on Emerald Rapids; a tune profile may "
-         "change it per phase and compute mode; auto keeps the reference's GEMM and the Highway GEMM under "
+         "(f32 compute, decode-sized calls) on Highway, as measured on Emerald Rapids; a tune profile "
+         "(`g3attn tune`) replaces it per phase and compute mode with what it measured on this CPU; auto keeps the reference's GEMM and the Highway GEMM under "
          "an --isa cap below the best";
 }
 

@@ -68,6 +68,15 @@ std::string projection_provider_source(Phase phase, DType compute);
 // the ISA is capped, or when oneDNN cannot serve the compute mode here.
 ProjProvider resolve_projection(ProjectionRoute request, Phase phase, DType compute, const std::string& gemm_backend,
                                 bool isa_capped);
+// The same, with where the choice came from, as `g3attn plan` prints it:
+// "--proj highway", "default rule", "profile: onednn 1.52x highway", "auto
+// keeps the reference's GEMM", ...
+struct ProjectionChoice {
+  ProjProvider provider = ProjProvider::Highway;
+  std::string source;
+};
+ProjectionChoice explain_projection(ProjectionRoute request, Phase phase, DType compute,
+                                    const std::string& gemm_backend, bool isa_capped);
 
 // The rule in a few lines, for --help texts.
 std::string projection_rule_text();

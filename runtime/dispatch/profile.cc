@@ -14,6 +14,7 @@
 #include "generator/errors.h"
 #include "generator/llvm/jit_cache.h"
 #include "runtime/dispatch/backends.h"
+#include "runtime/dispatch/onednn_route.h"
 #include "runtime/io/npy.h"
 
 namespace g3 {
@@ -84,6 +85,20 @@ double ProfileEntry::margin() const {
   return second > 0 && it != rel.end() && it->second > 0 ? second / it->second - 1 : 0;
 }
 
+double ProjectionEntry::margin() const {
+  double second = 0;
+  for (const auto& [name, r] : rel)
+    if (name != best && (second == 0 || r < second)) second = r;
+  const auto it = rel.find(best);
+  return second > 0 && it != rel.end() && it->second > 0 ? second / it->second - 1 : 0;
+}
+
+const ProjectionEntry* Profile::find_projection(Phase phase, DType compute) const {
+  for (const ProjectionEntry& e : projections)
+    if (e.phase == phase && e.compute == compute) return &e;
+  return nullptr;
+}
+
 const ProfileEntry* Profile::find(const std::string& key, Phase phase, const std::string& isa) const {
   for (const ProfileEntry& e : entries)
     if (e.key == key && e.phase == phase && e.isa == isa) return &e;
@@ -112,6 +127,10 @@ void save_profile(const Profile& p, const std::string& path) {
   for (const ProfileEntry& e : p.entries)
     j["entries"].push_back({{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
                             {"ms", e.ms}, {"rel", e.rel}});
+  j["projections"] = nlohmann::json::array();
+  for (const ProjectionEntry& e : p.projections)
+    j["projections"].push_back({{"phase", to_string(e.phase)}, {"compute", to_string(e.compute)}, {"best", e.best},
+                                {"ms", e.ms}, {"rel", e.rel}});
   const std::string text = j.dump(1) + "\n";
   write_file_atomic(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
@@ -143,6 +162,23 @@ Profile load_profile(const std::string& path) {
       if (!find_backend(pe.best)) throw InputError(path + ": unknown backend '" + pe.best + "'");
       p.entries.push_back(pe);
     }
+    if (j.contains("projections"))
+      for (const auto& e : j.at("projections")) {
+        ProjectionEntry pe;
+        const std::string phase = e.at("phase").get<std::string>(), compute = e.at("compute").get<std::string>();
+        if (phase != "prefill" && phase != "decode") throw InputError(path + ": unknown phase '" + phase + "'");
+        if (compute != "f32" && compute != "bf16")
+          throw InputError(path + ": unknown compute mode '" + compute + "'");
+        pe.phase = phase == "prefill" ? Phase::Prefill : Phase::Decode;
+        pe.compute = compute == "bf16" ? DType::BF16 : DType::F32;
+        pe.best = e.at("best").get<std::string>();
+        if (pe.best != "highway" && pe.best != "onednn")
+          throw InputError(path + ": unknown projection provider '" + pe.best + "'");
+        pe.ms = e.at("ms").get<std::map<std::string, double>>();
+        pe.rel = e.at("rel").get<std::map<std::string, double>>();
+        if (!pe.rel.count(pe.best)) throw InputError(path + ": a projection entry has no score for its best provider");
+        p.projections.push_back(pe);
+      }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": not a tune profile (" + std::string(e.what()) + ")");
   }
@@ -163,6 +199,14 @@ const Profile* active_profile() {
         warn("tune profile " + path + " is from g3attn " + loaded.version + ", this is " + g3attn_version() +
              "; using the static rule (run g3attn tune again)");
         return nullptr;
+      }
+      // The measured projection providers replace the default rule for
+      // --proj auto (onednn_route.h).
+      for (const ProjectionEntry& e : loaded.projections) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "profile: %.2fx the other provider", 1 + e.margin());
+        set_projection_provider(e.phase, e.compute, e.best == "onednn" ? ProjProvider::Onednn : ProjProvider::Highway,
+                                buf);
       }
       return &loaded;
     } catch (const InputError& e) {

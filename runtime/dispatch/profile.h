@@ -46,12 +46,29 @@ struct ProfileEntry {
   double margin() const;              // runner-up rel / best rel - 1 (0 with one backend)
 };
 
+// Which projection provider (onednn_route.h: "highway" or "onednn") was
+// fastest for a phase and compute mode: the sum over the models measured of
+// each provider's median ms, and of its time relative to the fastest of
+// each model (the score the choice minimises).
+struct ProjectionEntry {
+  Phase phase = Phase::Prefill;
+  DType compute = DType::F32;
+  std::string best;
+  std::map<std::string, double> ms, rel;
+  double margin() const;  // runner-up rel / best rel - 1 (0 with one provider)
+};
+
 struct Profile {
   int format = 1;
   std::string version, cpu;  // g3attn_version(), this_cpu().id() when written
   int threads = 0;
   std::vector<ProfileEntry> entries;
+  // Optional in the file ("projections": [{"phase", "compute", "best",
+  // "ms", "rel"}]); loading the active profile hands them to
+  // set_projection_provider, so --proj auto follows them.
+  std::vector<ProjectionEntry> projections;
   const ProfileEntry* find(const std::string& key, Phase phase, const std::string& isa) const;
+  const ProjectionEntry* find_projection(Phase phase, DType compute) const;
 };
 
 // Where this CPU's profile lives ("" when no cache directory is known).

@@ -91,6 +91,128 @@ TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]
     CHECK(l["source"].get<std::string>().rfind("profile: ", 0) == 0);
   }
   CHECK(from_profile > 0);
+  // The projections were measured per provider too, and plan's auto follows
+  // them for both phases of the compute mode measured (f32).
+  REQUIRE(j["projections"].is_array());
+  CHECK(j["projections"].size() == 2);
+  REQUIRE(p.projections.size() == 2);
+  REQUIRE(plan["projections"].size() == 1);
+  for (const char* phase : {"prefill", "decode"}) {
+    const g3::ProjectionEntry* e =
+        p.find_projection(std::string(phase) == "prefill" ? g3::Phase::Prefill : g3::Phase::Decode, g3::DType::F32);
+    REQUIRE(e);
+    CHECK(plan["projections"][0][phase]["provider"] == e->best);
+    CHECK(plan["projections"][0][phase]["source"].get<std::string>().rfind("profile: ", 0) == 0);
+  }
+}
+
+TEST_CASE("tune keeps, per phase and compute mode, the projection provider fastest relative to each model",
+          "[tune]") {
+  auto prow = [](const std::string& proj, const std::string& model, int64_t tokens, const std::string& compute,
+                 double ms) {
+    g3::bench::Row r;
+    r.backend = r.route = "highway";
+    r.phase = "projections";
+    r.proj = r.proj_route = proj;
+    r.model = model;
+    r.new_tokens = tokens;
+    r.compute = compute;
+    r.ms_median = ms;
+    return r;
+  };
+  // Prefill f32: onednn wins 1b by a lot and loses 4b by a little, so it has
+  // the lower score. Decode f32: highway everywhere. bf16 prefill: only
+  // highway measured on one model, so onednn is no candidate there. An auto
+  // row and an attention row are never candidates.
+  std::vector<g3::bench::Row> rows = {
+      prow("highway", "1b", 512, "f32", 10), prow("onednn", "1b", 512, "f32", 5),
+      prow("highway", "4b", 512, "f32", 20), prow("onednn", "4b", 512, "f32", 21),
+      prow("highway", "1b", 1, "f32", 1),    prow("onednn", "1b", 1, "f32", 3),
+      prow("highway", "1b", 512, "bf16", 9), prow("onednn", "4b", 512, "bf16", 2),
+      prow("highway", "4b", 512, "bf16", 9), prow("auto", "1b", 1, "f32", 0.1)};
+  rows.push_back(row("xbyak", "decode", 4096, 0.01));
+  const auto entries = g3::bench::projection_entries_from_rows(rows);
+  REQUIRE(entries.size() == 3);
+  for (const g3::ProjectionEntry& e : entries) {
+    INFO(g3::to_string(e.phase) << " " << g3::to_string(e.compute));
+    if (e.phase == g3::Phase::Prefill && e.compute == g3::DType::F32) {
+      CHECK(e.best == "onednn");
+      CHECK(e.rel.at("onednn") == Approx(1.0 + 21.0 / 20.0));
+      CHECK(e.rel.at("highway") == Approx(2.0 + 1.0));
+      CHECK(e.ms.at("highway") == Approx(30.0));
+    } else if (e.phase == g3::Phase::Decode) {
+      CHECK(e.compute == g3::DType::F32);
+      CHECK(e.best == "highway");
+      CHECK(e.margin() == Approx(2.0));
+    } else {
+      CHECK(e.compute == g3::DType::BF16);
+      // onednn measured one of the two models: not a candidate.
+      CHECK(e.best == "highway");
+      CHECK(e.ms.size() == 1);
+    }
+  }
+}
+
+TEST_CASE("a profile's projection entry changes what plan's --proj auto runs, and names itself", "[tune][cli]") {
+  g3test::TempDir dir;
+  g3::Profile p;
+  p.version = g3::g3attn_version();
+  p.cpu = g3::this_cpu().id();
+  p.threads = 2;
+  g3::ProjectionEntry e;
+  e.phase = g3::Phase::Decode;  // the default rule runs highway there
+  e.compute = g3::DType::F32;
+  e.best = "onednn";
+  e.ms = {{"onednn", 1.0}, {"highway", 1.5}};
+  e.rel = {{"onednn", 1.0}, {"highway", 1.5}};
+  p.projections = {e};
+  g3::save_profile(p, profile_in(dir));
+  REQUIRE(g3::load_profile(profile_in(dir)).projections.size() == 1);
+  const g3test::CmdResult r = g3test::run_g3attn({"plan", "--model", "1b", "--json"}, env_for(dir));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.empty());
+  const json j = json::parse(r.out);
+  REQUIRE(j["projections"].size() == 1);
+  CHECK(j["projections"][0]["decode"]["provider"] == "onednn");
+  CHECK(j["projections"][0]["decode"]["source"] == "profile: 1.50x the other provider");
+  CHECK(j["projections"][0]["prefill"]["provider"] == "highway");
+  CHECK(j["projections"][0]["prefill"]["source"] == "default rule");
+  CHECK(j["layers"][0]["proj"]["decode"] == "onednn");
+  // An explicit --proj wins over the profile; the reference keeps its GEMM.
+  const json h = json::parse(g3test::run_g3attn({"plan", "--model", "1b", "--proj", "highway", "--json"}, env_for(dir)).out);
+  CHECK(h["projections"][0]["decode"]["provider"] == "highway");
+  CHECK(h["projections"][0]["decode"]["source"] == "--proj highway");
+  const json ref =
+      json::parse(g3test::run_g3attn({"plan", "--model", "1b", "--backend", "reference", "--json"}, env_for(dir)).out);
+  CHECK(ref["projections"][0]["decode"]["provider"] == "highway");
+  // A profile naming an unknown provider is refused like any corrupt one.
+  std::string text = g3test::read_text(profile_in(dir));
+  const size_t at = text.find("\"onednn\"", text.find("\"projections\""));
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 8, "\"mkl\"");
+  g3test::write_text(profile_in(dir), text);
+  const g3test::CmdResult bad = g3test::run_g3attn({"plan", "--model", "1b", "--json"}, env_for(dir));
+  REQUIRE(bad.exit_code == 0);
+  CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
+  CHECK(json::parse(bad.out)["projections"][0]["decode"]["source"] == "default rule");
+}
+
+TEST_CASE("plan --proj: the help names it with its default; a bad value is one stderr line and exit 2", "[tune][cli]") {
+  const g3test::CmdResult h = g3test::run_g3attn({"plan", "--help"});
+  REQUIRE(h.exit_code == 0);
+  CHECK(h.out.find("--proj") != std::string::npos);
+  CHECK(h.out.find("default auto") != std::string::npos);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"plan", "--model", "1b", "--proj", "mkl"},
+        std::vector<std::string>{"plan", "--model", "1b", "--proj", "onednn", "--backend", "reference"}}) {
+    const g3test::CmdResult r = g3test::run_g3attn(args);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find("--proj") != std::string::npos);
+    CHECK(r.out.empty());
+  }
 }
 
 TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static rule", "[tune][cli]") {
