@@ -46,6 +46,8 @@ static std::vector<Option> run_options() {
                            : "tensor parallel over MPI ranks: not available, this g3attn was built without MPI "
                              "(G3ATTN_WITH_MPI=OFF)"});
   for (auto& c : common_kernel_options()) o.push_back(c);
+  o.push_back({"proj", Arity::Value, "NAME",
+               "projection provider highway|onednn|auto (default auto: `g3attn plan` shows its choice per phase)"});
   return o;
 }
 
@@ -61,7 +63,8 @@ int cmd_run(int argc, char** argv, int first) {
   if (a.help()) {
     std::cout << "Usage: g3attn run [--model 1b] [--config C --weights FILE|DIR] [--prompt 2048] [--decode 32]\n"
                  "                  [--chunk 512] [--batch 1] [--threads N] [--backend B] [--isa I]\n"
-                 "                  [--kv-dtype f32|bf16] [--compute f32|bf16] [--seed S] [--verify] [--json [FILE]]\n"
+                 "                  [--kv-dtype f32|bf16] [--compute f32|bf16] [--proj highway|onednn|auto]\n"
+                 "                  [--seed S] [--verify] [--json [FILE]]\n"
                  "Runs the attention stack only (pre-norm, attention, post-norm, residual of every layer;\n"
                  "the MLPs, embeddings and logits are not part of it) on N(0,1) inputs: the prompt in\n"
                  "chunks, then decode steps, the hidden state flowing from layer to layer. Each layer is\n"
@@ -89,6 +92,7 @@ int cmd_run(int argc, char** argv, int first) {
   r.isa = a.str("isa");
   r.kv_dtype = parse_dtype(a.str("kv-dtype", "f32"), "--kv-dtype");
   r.compute = parse_dtype(a.str("compute", "f32"), "--compute");
+  r.proj = parse_projection_route(a.str("proj", "auto"));
   r.verify = a.has("verify");
 
   const bool tty = isatty(STDERR_FILENO);

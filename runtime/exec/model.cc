@@ -30,7 +30,8 @@ Model::Model(const ModelConfig& cfg, const WeightSource& weights, const ModelOpt
   layers_.resize(specs.size());
   pool_->parallel_for(int64_t(specs.size()), [&](int64_t i) {
     LayerWeights w = weights(specs[size_t(i)]);
-    layers_[size_t(i)] = prepare_layer(specs[size_t(i)], w, opt_.kv_dtype, opt_.backend, opt_.isa, opt_.compute);
+    layers_[size_t(i)] = prepare_layer(specs[size_t(i)], w, opt_.kv_dtype, opt_.backend, opt_.isa, opt_.compute,
+                                     opt_.proj);
   });
   for (const LayerSpec& s : specs) caches_.emplace_back(s, opt_.kv_dtype, opt_.batch, opt_.context, opt_.chunk);
   layer_ms_.assign(specs.size(), 0.0);

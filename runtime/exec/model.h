@@ -24,6 +24,7 @@ struct ModelOptions {
   std::string isa = "best";     // an ISA name of isa.h; "best" is resolved here
   DType kv_dtype = DType::F32;
   DType compute = DType::F32;   // the compute mode (kernel_key.h)
+  ProjectionRoute proj = ProjectionRoute::Auto;  // the projection provider (onednn_route.h)
   int64_t batch = 1;
   int64_t context = 4096;       // positions per row the caches hold
   int64_t chunk = 512;          // most tokens per row in one block call

@@ -78,6 +78,7 @@ RunResult run_model(const RunRequest& r) {
   o.isa = isa;
   o.kv_dtype = r.kv_dtype;
   o.compute = r.compute;
+  o.proj = r.proj;
   o.batch = B;
   o.context = L;
   o.chunk = std::min(r.chunk, r.prompt);

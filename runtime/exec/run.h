@@ -9,6 +9,7 @@
 
 #include "generator/catalogue.h"
 #include "generator/kernel_key.h"
+#include "runtime/dispatch/onednn_route.h"
 #include "runtime/exec/kv_cache.h"
 
 namespace g3 {
@@ -25,6 +26,7 @@ struct RunRequest {
   std::string isa;                  // the --isa flag ("" = $G3ATTN_ISA or best)
   DType kv_dtype = DType::F32;
   DType compute = DType::F32;       // the compute mode (kernel_key.h)
+  ProjectionRoute proj = ProjectionRoute::Auto;  // --proj (onednn_route.h)
   bool verify = false;
   // Progress: phase ("prefill", "decode", "verify"), done, total.
   std::function<void(const std::string&, int64_t, int64_t)> progress;
