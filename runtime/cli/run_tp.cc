@@ -75,6 +75,18 @@ void print_summary(const RunRequest& r, const TpRunResult& t) {
               "it: %s (waiting for the slowest rank included)\n",
               (unsigned long long)t.allreduce_bytes_per_token, res.config.num_layers, res.config.hidden_size,
               shares.c_str());
+  if (r.decode > 0) {
+    std::string steps;
+    for (size_t i = 0; i < t.comm_decode_s_per_rank.size(); ++i) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%srank %zu %.3f ms", i ? ", " : "", i,
+                    1000 * t.comm_decode_s_per_rank[i] / double(r.decode));
+      steps += buf;
+    }
+    std::printf("all-reduce time per decode step (%d calls of %lld bytes): %s; one such call alone: %.1f us\n",
+                res.config.num_layers, (long long)(r.batch * res.config.hidden_size * 4), steps.c_str(),
+                t.allreduce_call_us);
+  }
   if (res.verified)
     std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s); "
                 "vs the single-process run %.3g\n",
@@ -103,12 +115,16 @@ nlohmann::json to_json(const RunRequest& r, const TpRunResult& t) {
   j["local_ms"] = res.local_ms;
   j["global_ms"] = res.global_ms;
   j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};
+  std::vector<uint64_t> kv_per_rank;
+  for (double b : t.kv_bytes_per_rank) kv_per_rank.push_back(uint64_t(b));
   j["tp"] = {{"ranks", t.ranks},
-             {"kv_bytes_per_rank", t.kv_bytes_per_rank},
+             {"kv_bytes_per_rank", kv_per_rank},
              {"kv_bytes_single_process", t.kv_single_process},
              {"allreduce_bytes_per_token", t.allreduce_bytes_per_token},
              {"comm_s_per_rank", t.comm_s_per_rank},
-             {"run_s_per_rank", t.run_s_per_rank}};
+             {"run_s_per_rank", t.run_s_per_rank},
+             {"comm_decode_s_per_rank", t.comm_decode_s_per_rank},
+             {"allreduce_call_us", t.allreduce_call_us}};
   if (res.verified)
     j["verify"] = {{"max_abs_diff", res.max_abs_diff},
                    {"max_abs_diff_prefill", res.max_abs_diff_prefill},

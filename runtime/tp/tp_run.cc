@@ -146,6 +146,7 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   }
   run.prefill_s = (now_ms() - t0) / 1000;
   const std::vector<double> prefill_ms = stack->layer_ms();
+  const double prefill_comm_ms = stack->comm_ms();
   stack->on_layer = nullptr;
   t0 = now_ms();
   for (int64_t k = 0; k < r.decode; ++k) {
@@ -176,6 +177,17 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   res.kv_bytes_per_rank = comm.gather(double(stack->kv_bytes_allocated()));
   res.comm_s_per_rank = comm.gather(stack->comm_ms() / 1000);
   res.run_s_per_rank = comm.gather(run.prefill_s + run.decode_s);
+  res.comm_decode_s_per_rank = comm.gather((stack->comm_ms() - prefill_comm_ms) / 1000);
+  {
+    // Calls back to back keep the ranks in step, so the mean is the call's
+    // own cost; a few first calls are left out of it as warm-up.
+    std::vector<float> probe(size_t(B * D), 0.f);
+    constexpr int kWarm = 5, kCalls = 50;
+    for (int i = 0; i < kWarm; ++i) comm.allreduce_sum(probe.data(), B * D);
+    const double p0 = now_ms();
+    for (int i = 0; i < kCalls; ++i) comm.allreduce_sum(probe.data(), B * D);
+    res.allreduce_call_us = (now_ms() - p0) * 1000 / kCalls;
+  }
   if (!r.verify) return res;
 
   // Rank 0 checks; the others wait without spinning. The sharded stack's

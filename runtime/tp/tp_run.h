@@ -38,6 +38,14 @@ struct TpRunResult {
   // prefill plus decode; the all-reduce time includes waiting for the
   // slowest rank to arrive.
   std::vector<double> comm_s_per_rank, run_s_per_rank;
+  // Per rank (rank 0 only): seconds in the all-reduce during decode, where
+  // each step reduces one token per row per layer: its latency, not its
+  // bandwidth, is what a decode step pays.
+  std::vector<double> comm_decode_s_per_rank;
+  // One decode-sized all-reduce (B x D floats) timed alone after the run,
+  // in microseconds: its latency without the waiting for a slower rank that
+  // the in-run figures include.
+  double allreduce_call_us = 0;
   double max_abs_diff_single = 0;  // verify: vs the single-process run's final hidden state
 };
 
