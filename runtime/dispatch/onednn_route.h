@@ -10,16 +10,20 @@
 // may overwrite entries with what it measured on the CPU at hand through
 // set_projection_provider, before the layers are prepared.
 //
-// The default rule (measured on 2 cores of an Intel Xeon, Emerald Rapids,
-// with AMX; README's oneDNN section has the figures):
+// The default rule (measured on 2 cores of an Intel Xeon with AMX, the
+// machine the issue names Emerald Rapids; README's "Compute modes" section
+// has the figures):
 //   - prefill (more than kProjDecodeMaxRows rows), bf16 compute: oneDNN,
-//     where this process may use AMX tiles (oneDNN runs them at 5-7x our
-//     f32 GEMM); elsewhere Highway, until a profile says otherwise;
-//   - prefill, f32 compute: Highway (oneDNN's f32 matmul was no faster and
-//     needs the weights widened to f32, twice the memory of bf16 ones);
+//     where this process may use AMX tiles (there it ran the 4B projections
+//     of 512 tokens 5.4x faster than our f32 GEMM); elsewhere Highway, until
+//     a profile says otherwise;
+//   - prefill, f32 compute: Highway. oneDNN's f32 matmul measured 1.3-1.5x
+//     faster here, but it needs the weights widened to an f32 copy (twice
+//     the memory of the bf16 ones) beside the packed ones, which a default
+//     should not do unasked; a tune profile that measures it faster picks it;
 //   - decode (at most kProjDecodeMaxRows rows), both modes: Highway's GEMV,
-//     which streams the weights once per 4 rows (oneDNN's matmul was 10-30x
-//     slower at M = 1).
+//     which streams the weights once per call (oneDNN's matmul measured
+//     1.5-6x slower at M = 1).
 // Auto keeps the layer's own GEMM (never oneDNN) when that GEMM is the
 // reference (the oracle runs the whole block) or when --isa caps the ISA
 // below this CPU's best (oneDNN would not honour the cap).
