@@ -67,9 +67,9 @@ std::vector<Option> bench_options() {
        "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) +
            ", fewer - at least 1 - once a row's runs pass " + secs(bench::kRowSeconds) +
            " s; an explicit N is always honoured)"},
-      {"kv-dtype", Arity::Value, "T", "KV cache element type f32|bf16|all (default f32)"},
+      {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all or a comma list (default f32)"},
       {"compute", Arity::Value, "MODE",
-       "compute modes f32|bf16|all: rows per mode (default f32; see `g3attn --help`)"},
+       "compute modes f32|bf16|all or a comma list (f32,bf16): rows per mode (default f32; see `g3attn --help`)"},
       {"weight-dtype", Arity::Value, "T", "projection weight type f32|bf16 (default bf16)"},
       {"proj", Arity::Value, "LIST",
        "projection providers of projections and block rows: highway,onednn,auto,all (all: highway,onednn); "
@@ -206,15 +206,23 @@ int cmd_bench(int argc, char** argv, int first) {
   o.batch = int(a.integer("batch", 1, 1, 1024));
   o.threads = int(a.integer("threads", 0, 1, 1024));
   o.repeat = int(a.integer("repeat", 0, 1, 1000000));
-  const std::string kv = a.str("kv-dtype", "f32");
-  if (kv == "all") o.kv_dtypes = {DType::F32, DType::BF16};
-  else o.kv_dtypes = {parse_dtype(kv, "--kv-dtype")};
+  // Element types and compute modes: one, a comma list (rows per entry, in
+  // the order given, each once) or all.
+  auto dtypes = [&](const std::string& flag) {
+    std::vector<DType> v;
+    for (const std::string& t : a.list(flag, "f32")) {
+      const std::vector<DType> add =
+          t == "all" ? std::vector<DType>{DType::F32, DType::BF16} : std::vector<DType>{parse_dtype(t, "--" + flag)};
+      for (DType d : add)
+        if (std::find(v.begin(), v.end(), d) == v.end()) v.push_back(d);
+    }
+    return v;
+  };
+  o.kv_dtypes = dtypes("kv-dtype");
   o.weight_dtype = parse_dtype(a.str("weight-dtype", "bf16"), "--weight-dtype");
   if (a.has("proj"))
     o.projs = expand(a.list("proj", ""), {"highway", "onednn"}, "--proj", "highway, onednn, auto, all", {"auto"});
-  const std::string cm = a.str("compute", "f32");
-  if (cm == "all") o.computes = {DType::F32, DType::BF16};
-  else o.computes = {parse_dtype(cm, "--compute")};
+  o.computes = dtypes("compute");
   double threshold = 10;
   if (a.has("threshold")) {
     const std::string t = a.str("threshold");

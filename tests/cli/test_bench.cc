@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "runtime/bench/bench.h"
+#include "generator/xbyak/amx_permission.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -263,6 +264,8 @@ TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
       {{"bench", "--compare", "/nonexistent/old.json"}, "/nonexistent/old.json"},
       {{"bench", "--csv", "/nonexistent/dir/x.csv"}, "/nonexistent/dir"},
       {{"bench", "--threads", "0"}, "--threads"},
+      {{"bench", "--compute", "f32,f16"}, "f16"},
+      {{"bench", "--proj", "mkl"}, "mkl"},
   };
   for (const Bad& b : cases) {
     g3test::CmdResult r = g3test::run_g3attn(b.args);
@@ -282,4 +285,50 @@ TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
   CHECK(r.exit_code == 2);
   CHECK(count_lines(r.err) == 1);
   CHECK(r.err.find("rows") != std::string::npos);
+}
+
+TEST_CASE("bench --proj all --compute f32,bf16: projections rows per provider and mode, block rows on auto's route",
+          "[bench][proj]") {
+  // 32 tokens are a prefill-sized call (more than 16 rows), 1 token a
+  // decode-sized one; both run for each mode and provider.
+  const g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "32",
+                                                  "--repeat", "1", "--backend", "highway", "--isa", "best",
+                                                  "--phase", "projections", "--threads", "2", "--compute", "f32,bf16",
+                                                  "--proj", "all", "--json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json j = json::parse(r.out);
+  std::set<std::string> seen;
+  for (const json& row : j["rows"]) {
+    REQUIRE(row["phase"] == "projections");
+    const std::string proj = row["proj"], route = row["proj_route"], compute = row["compute"];
+    // An explicit provider is the one that ran.
+    CHECK(route == proj);
+    seen.insert(proj + "|" + compute + "|" + std::to_string(row["new_tokens"].get<int64_t>()));
+    CHECK(positive_number(row["ms_median"]));
+  }
+  std::set<std::string> want;
+  for (const char* p : {"highway", "onednn"})
+    for (const char* c : {"f32", "bf16"})
+      for (const char* t : {"32", "1"}) want.insert(std::string(p) + "|" + c + "|" + t);
+  CHECK(seen == want);
+
+  // Block rows default to auto and name the provider auto chose: oneDNN for
+  // the bf16 prefill call only where AMX tiles are allowed (the default
+  // rule; this test's cache directory holds no tune profile).
+  g3test::TempDir dir;
+  const g3test::CmdResult b = g3test::run_g3attn(
+      {"bench", "--model", "1b", "--context", "64", "--new-tokens", "32", "--repeat", "1", "--backend", "highway",
+       "--isa", "best", "--phase", "block", "--threads", "2", "--compute", "bf16", "--json"},
+      "G3ATTN_CACHE_DIR='" + dir.path + "'");
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  const json jb = json::parse(b.out);
+  REQUIRE(!jb["rows"].empty());
+  const bool amx = g3::amx::unavailable_reason().empty();
+  for (const json& row : jb["rows"]) {
+    CHECK(row["proj"] == "auto");
+    const bool prefill = row["new_tokens"].get<int64_t>() > 16;
+    CHECK(row["proj_route"] == (prefill && amx ? "onednn" : "highway"));
+  }
 }
