@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "generator/errors.h"
+#include "runtime/io/open_file.h"
 
 namespace g3 {
 
@@ -221,14 +222,9 @@ const char* dtype_label(NpyArray::Type t) { return t == NpyArray::Type::F32 ? "f
 // Reads a whole file into memory. The messages follow the rest of the tool:
 // "<path>: cannot open (<reason>)".
 std::vector<uint8_t> slurp(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    fail(path, std::string("cannot stat (") + std::strerror(e) + ")");
-  }
+  const OpenFile file = open_for_reading(path);
+  const int fd = file.fd;
+  const struct stat& st = file.st;
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
     fail(path, "is a directory, not a .npy file");

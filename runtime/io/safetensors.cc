@@ -19,6 +19,7 @@
 #include <set>
 
 #include "generator/errors.h"
+#include "runtime/io/open_file.h"
 
 namespace g3 {
 
@@ -200,14 +201,9 @@ std::vector<float> TensorView::to_f32() const {
 }
 
 std::shared_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    fail(path, std::string("cannot stat (") + std::strerror(e) + ")");
-  }
+  const OpenFile file = open_for_reading(path);
+  const int fd = file.fd;
+  const struct stat& st = file.st;
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     fail(path, S_ISDIR(st.st_mode) ? "is a directory, not a safetensors file" : "is not a regular file");
