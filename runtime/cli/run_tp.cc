@@ -26,7 +26,8 @@ namespace {
 std::string bytes_str(double bytes) {
   char buf[64];
   if (bytes >= double(1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(1ull << 30));
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / double(1ull << 20));
+  else if (bytes >= double(1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / double(1ull << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
   return buf;
 }
 
