@@ -198,7 +198,7 @@ TEST_CASE("a profile's projection entry changes what plan's --proj auto runs, an
   CHECK(json::parse(bad.out)["projections"][0]["decode"]["source"] == "default rule");
 }
 
-TEST_CASE("plan --proj: the help names it with its default; a bad value is one stderr line and exit 2", "[tune][cli]") {
+TEST_CASE("plan --proj: the help names it with its default, and a bad value is one stderr line and exit 2", "[tune][cli]") {
   const g3test::CmdResult h = g3test::run_g3attn({"plan", "--help"});
   REQUIRE(h.exit_code == 0);
   CHECK(h.out.find("--proj") != std::string::npos);
