@@ -10,6 +10,7 @@
 
 #include "generator/errors.h"
 #include "runtime/exec/block.h"
+#include "runtime/exec/decode_traffic.h"
 #include "runtime/exec/model.h"
 #include "runtime/exec/run.h"
 #include "runtime/exec/thread_pool.h"
@@ -400,4 +401,26 @@ TEST_CASE("the attention core stage equals one unsplit reference call per KV hea
       CHECK(err < 1e-5);
     }
   }
+}
+
+TEST_CASE("decode traffic: weights once per step, K/V per sequence up to the window", "[runtime][traffic]") {
+  const g3::ModelConfig m = g3::builtin_model("1b");
+  // 1B: 26 layers of D = 1152, N = 4, Nkv = 1, dh = 256; q/k/v are
+  // (4 + 2) x 256 rows of 1152 and o_proj 1152 x 1024: 2,949,120 weights a
+  // layer, 2 bytes each in bf16.
+  const g3::DecodeTraffic t = g3::decode_traffic(m, g3::DType::BF16, g3::DType::F32, 1, 2048);
+  CHECK(t.weight_bytes == 26.0 * 2949120 * 2);
+  // Every layer reads K and V of its one KV head: global layers all 2048
+  // positions, local layers their 512-position window.
+  int global = 0;
+  for (int i = 0; i < m.num_layers; ++i) global += g3::layer_spec(m, i).kind == g3::LayerKind::Global;
+  CHECK(global == 4);
+  const double row = 2.0 * 256 * 4;  // K and V rows of one position, f32
+  CHECK(t.kv_bytes == row * (global * 2048.0 + (26 - global) * 512.0));
+  // bf16 weights and KV halve what they read; a batch multiplies only K/V.
+  const g3::DecodeTraffic b = g3::decode_traffic(m, g3::DType::F32, g3::DType::BF16, 3, 2048);
+  CHECK(b.weight_bytes == 2 * t.weight_bytes);
+  CHECK(b.kv_bytes == 1.5 * t.kv_bytes);
+  // Below the window, local layers see the whole (short) context.
+  CHECK(g3::decode_traffic(m, g3::DType::BF16, g3::DType::F32, 1, 100).kv_bytes == row * 26 * 100);
 }
