@@ -303,9 +303,17 @@ Peaks measure_peaks(int threads) {
   p.amx_unavailable = amx::unavailable_reason();
   if (p.amx_unavailable.empty()) p.amx_gflops = loop_gflops(threads, amx_loop, kFlopsPerIterAmx);
 
-  // DRAM: 1 GiB in total (30x a 32 MiB L3), one slice per thread, each
-  // slice first touched by the thread that reads it so its pages are local.
-  const size_t total = size_t{1} << 30;
+  const DramRead d = measure_dram_read(threads);
+  p.dram_read_gbs = d.gbs;
+  p.dram_bytes = d.bytes;
+  return p;
+}
+
+DramRead measure_dram_read(int threads) {
+  // At least 1 GiB and four times the last-level cache (480 MiB on some
+  // Xeons), one slice per thread, each slice first touched by the thread
+  // that reads it so its pages are local.
+  const size_t total = std::max<size_t>(size_t{1} << 30, 4 * size_t(std::max(0LL, llc_bytes())));
   const size_t per = total / size_t(threads) / 4096 * 4096;
   const size_t n = per / sizeof(float);
   std::vector<float*> slices(static_cast<size_t>(threads), nullptr);
@@ -314,26 +322,25 @@ Peaks measure_peaks(int threads) {
     s = static_cast<float*>(std::aligned_alloc(4096, per));
     if (!s) ok = false;
   }
+  DramRead d;
   if (ok && n >= 64) {
     run_threads(threads, [&](int t) {
       float* s = slices[static_cast<size_t>(t)];
       for (size_t i = 0; i < n; ++i) s[i] = 1.0f;
     });
     const bool avx2 = __builtin_cpu_supports("avx2");
-    double best = 0;
     for (int trial = 0; trial < 4; ++trial) {
       double sec = run_threads(threads, [&](int t) {
         const float* s = slices[static_cast<size_t>(t)];
         g_sink.store(avx2 ? sum_avx2(s, n) : sum_sse2(s, n));
       });
-      if (trial > 0) best = std::max(best, double(per) * threads / sec / 1e9);  // trial 0 warms the TLB
+      if (trial > 0) d.gbs = std::max(d.gbs, double(per) * threads / sec / 1e9);  // trial 0 warms the TLB
     }
-    p.dram_read_gbs = best;
-    p.dram_bytes = double(per) * threads;
+    d.bytes = double(per) * threads;
   }
   for (auto s : slices) std::free(s);
   if (!ok) throw std::bad_alloc();
-  return p;
+  return d;
 }
 
 }  // namespace g3::bench

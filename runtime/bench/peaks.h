@@ -24,6 +24,15 @@ struct Peaks {
 // of a few trials. Takes about a second and 1 GiB of memory briefly.
 Peaks measure_peaks(int threads);
 
+// DRAM read bandwidth alone (what measure_peaks reports as dram_read_gbs):
+// a vectorised sum over arrays of at least 1 GiB and 4x the last-level
+// cache. About half a second.
+struct DramRead {
+  double gbs = 0;    // best of three timed passes
+  double bytes = 0;  // total size of the arrays read
+};
+DramRead measure_dram_read(int threads);
+
 // Last-level cache size in bytes from sysfs (0 when unknown): decode rows
 // whose K/V fit in it can read faster than DRAM.
 long long llc_bytes();

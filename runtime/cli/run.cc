@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
+#include "runtime/bench/peaks.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/exec/run.h"
@@ -70,6 +71,10 @@ int cmd_run(int argc, char** argv, int first) {
                  "chunks, then decode steps, the hidden state flowing from layer to layer. Each layer is\n"
                  "routed to its kernel by the 5:1 local/global pattern; layers with equal keys share one.\n"
                  "Local layers keep a ring of W + chunk - 1 KV slots, global layers the full length.\n"
+                 "After a run with decode steps it measures the DRAM read rate (about half a second)\n"
+                 "and prints the decode floor: the bytes one step must read (every layer's projection\n"
+                 "weights, each sequence's visible K/V rows at the mean decode context) at that rate,\n"
+                 "and the run's ms/token step as a multiple of it (\"decode_floor\" in --json).\n"
                  "With no arguments: --model 1b --prompt 2048 --decode 32 --chunk 512.\n\n"
               << a.usage();
     return 0;
@@ -122,6 +127,19 @@ int cmd_run(int argc, char** argv, int first) {
   std::cerr << "g3attn run: model " << r.config.name << ", attention stack only (the MLPs are not part of it), "
             << r.batch << " x (" << r.prompt << " prompt + " << r.decode << " decode) tokens\n";
   RunResult res = run_model(r);
+  // The decode floor: the bytes a step must read at the DRAM read rate
+  // measured now, on the run's threads (decode_traffic.h). Weights that fit
+  // in the last-level cache can beat it.
+  struct Floor {
+    double dram_gbs = 0, ms = 0, ratio = 0;
+  } floor;
+  if (r.decode > 0) {
+    floor.dram_gbs = bench::measure_dram_read(res.threads).gbs;
+    if (floor.dram_gbs > 0) {
+      floor.ms = res.decode_traffic.total() / (floor.dram_gbs * 1e9) * 1e3;
+      floor.ratio = res.decode_ms_per_token / floor.ms;
+    }
+  }
 
   // Routing summary: layers per kernel key.
   struct Route {
@@ -158,6 +176,11 @@ int cmd_run(int argc, char** argv, int first) {
     std::cout << format_table(table) << std::flush;
     std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
     if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+    if (floor.ms > 0)
+      std::printf("decode floor: %.1f MB/step (weights %.1f MB, K/V %.1f MB) at %.1f GB/s DRAM read = %.3f ms; "
+                  "this run %.2fx the floor\n",
+                  res.decode_traffic.total() / 1e6, res.decode_traffic.weight_bytes / 1e6,
+                  res.decode_traffic.kv_bytes / 1e6, floor.dram_gbs, floor.ms, floor.ratio);
     const double tot = std::max(1e-9, res.local_ms + res.global_ms);
     std::printf("time split: local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
                 100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
@@ -185,6 +208,12 @@ int cmd_run(int argc, char** argv, int first) {
     j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
     j["prefill_s"] = res.prefill_s;
     j["decode_ms_per_token"] = res.decode_ms_per_token;
+    if (floor.ms > 0)
+      j["decode_floor"] = {{"weight_bytes", res.decode_traffic.weight_bytes},
+                           {"kv_bytes", res.decode_traffic.kv_bytes},
+                           {"dram_read_gbs", floor.dram_gbs},
+                           {"floor_ms", floor.ms},
+                           {"ratio", floor.ratio}};
     j["local_ms"] = res.local_ms;
     j["global_ms"] = res.global_ms;
     j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};

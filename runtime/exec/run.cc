@@ -89,6 +89,11 @@ RunResult run_model(const RunRequest& r) {
   res.threads = m.pool().size();
   res.kv = kv_bytes(cfg, L, B, r.kv_dtype, o.chunk);
   if (res.kv.ring != m.kv_bytes_allocated()) throw std::logic_error("kv_bytes accounting disagrees with the caches");
+  // Decode step i (from 0) sees prompt + i + 1 positions: the mean is
+  // prompt + (decode + 1) / 2. The weights as the layers hold them (bf16
+  // compute packs them as bf16 whatever the checkpoint holds).
+  res.decode_traffic = decode_traffic(cfg, m.layers().front().key.weight_dtype, r.kv_dtype, B,
+                                      r.prompt + (r.decode + 1) / 2);
 
   // Inputs N(0, 1) from the seed; positions 0..prompt-1, then decode positions.
   std::vector<float> x(size_t(B * L * D));

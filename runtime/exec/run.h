@@ -10,6 +10,7 @@
 #include "generator/catalogue.h"
 #include "generator/kernel_key.h"
 #include "runtime/dispatch/onednn_route.h"
+#include "runtime/exec/decode_traffic.h"
 #include "runtime/exec/kv_cache.h"
 
 namespace g3 {
@@ -48,6 +49,9 @@ struct RunResult {
   double prefill_tokens_per_s = 0, decode_ms_per_token = 0;
   double local_ms = 0, global_ms = 0;
   KvBytes kv;                       // ring (allocated) vs the official full length
+  // What one decode step reads (decode_traffic.h), at the decode phase's
+  // mean context; the run command sets it against the DRAM read rate.
+  DecodeTraffic decode_traffic;
   std::vector<RunLayer> layers;
   bool verified = false;
   double verify_s = 0;

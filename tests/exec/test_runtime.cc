@@ -215,6 +215,16 @@ TEST_CASE("g3attn run: summary, JSON and --verify on a small model", "[runtime][
   CHECK(j["model"]["num_layers"] == 18);
   CHECK(j["prefill_tokens_per_s"].get<double>() > 0);
   CHECK(j["decode_ms_per_token"].get<double>() > 0);
+  // The decode floor: 270m's traffic at a measured DRAM rate, and the ratio
+  // of the step time to it.
+  CHECK(r.out.find("decode floor:") != std::string::npos);
+  const g3::DecodeTraffic t =
+      g3::decode_traffic(g3::builtin_model("270m"), g3::DType::BF16, g3::DType::F32, 1, 40 + (3 + 1) / 2);
+  CHECK(j["decode_floor"]["weight_bytes"].get<double>() == t.weight_bytes);
+  CHECK(j["decode_floor"]["kv_bytes"].get<double>() == t.kv_bytes);
+  CHECK(j["decode_floor"]["dram_read_gbs"].get<double>() > 0);
+  CHECK(j["decode_floor"]["ratio"].get<double>() ==
+        Approx(j["decode_ms_per_token"].get<double>() / j["decode_floor"]["floor_ms"].get<double>()));
   CHECK(j["kv_bytes"]["ring"].get<uint64_t>() <= j["kv_bytes"]["full_length"].get<uint64_t>());
   CHECK(j["verify"]["max_abs_diff"].get<double>() <= 1e-3);
   REQUIRE(j["layers"].size() == 18);
