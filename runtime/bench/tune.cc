@@ -102,7 +102,9 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
       e.rel[provider] = a.rel;
       if (e.best.empty() || a.rel < best_rel) e.best = provider, best_rel = a.rel;
     }
-    if (!e.best.empty()) out.push_back(e);
+    // One provider measured is no comparison: the entry would override the
+    // default rule with what was never weighed against it.
+    if (e.ms.size() >= 2) out.push_back(e);
   }
   return out;
 }
@@ -136,7 +138,7 @@ TuneResult run_tune(const TuneOptions& t) {
   p.phases = {"projections"};
   p.kv_dtypes = {DType::F32};
   p.projs = {"highway", "onednn"};
-  p.budget_seconds = std::max(10.0, t.budget_seconds / 4);
+  p.budget_seconds = std::max(30.0, t.budget_seconds / 2);
   const Result proj = run_bench(p);
   r.bench.rows.insert(r.bench.rows.end(), proj.rows.begin(), proj.rows.end());
   for (const std::string& n : proj.notes)

@@ -47,7 +47,8 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
 // proj highway or onednn; the others are ignored): per (phase, compute
 // mode), the provider with the lowest sum over the models of its time
 // relative to the fastest provider of each model's shape; a provider
-// missing a shape is not a candidate.
+// missing a shape is not a candidate, and a (phase, compute mode) with
+// fewer than two candidates gets no entry (the default rule stays).
 std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>& rows);
 
 }  // namespace g3::bench

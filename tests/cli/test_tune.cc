@@ -6,10 +6,13 @@
 // G3ATTN_CACHE_DIR.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "runtime/bench/tune.h"
 #include "runtime/dispatch/isa.h"
+#include "runtime/dispatch/onednn_matmul.h"
 #include "runtime/dispatch/profile.h"
 #include "tests/support/test_support.h"
 
@@ -94,6 +97,12 @@ TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]
   // The projections were measured per provider too, and plan's auto follows
   // them for both phases of the compute mode measured (f32).
   REQUIRE(j["projections"].is_array());
+  if (!g3::onednn_unavailable_reason(g3::DType::F32).empty()) {
+    // One provider is no comparison: no entries, the default rule stays.
+    std::printf("skipped: tune's projection entries (%s)\n", g3::onednn_unavailable_reason(g3::DType::F32).c_str());
+    CHECK(j["projections"].empty());
+    return;
+  }
   CHECK(j["projections"].size() == 2);
   REQUIRE(p.projections.size() == 2);
   REQUIRE(plan["projections"].size() == 1);
@@ -121,9 +130,9 @@ TEST_CASE("tune keeps, per phase and compute mode, the projection provider faste
     return r;
   };
   // Prefill f32: onednn wins 1b by a lot and loses 4b by a little, so it has
-  // the lower score. Decode f32: highway everywhere. bf16 prefill: only
-  // highway measured on one model, so onednn is no candidate there. An auto
-  // row and an attention row are never candidates.
+  // the lower score. Decode f32: highway everywhere. bf16 prefill: onednn
+  // measured on one model only. An auto row and an attention row are never
+  // candidates.
   std::vector<g3::bench::Row> rows = {
       prow("highway", "1b", 512, "f32", 10), prow("onednn", "1b", 512, "f32", 5),
       prow("highway", "4b", 512, "f32", 20), prow("onednn", "4b", 512, "f32", 21),
@@ -132,7 +141,9 @@ TEST_CASE("tune keeps, per phase and compute mode, the projection provider faste
       prow("highway", "4b", 512, "bf16", 9), prow("auto", "1b", 1, "f32", 0.1)};
   rows.push_back(row("xbyak", "decode", 4096, 0.01));
   const auto entries = g3::bench::projection_entries_from_rows(rows);
-  REQUIRE(entries.size() == 3);
+  // bf16 prefill: onednn measured one of the two models, so highway is the
+  // only candidate, and one candidate is no comparison: no entry.
+  REQUIRE(entries.size() == 2);
   for (const g3::ProjectionEntry& e : entries) {
     INFO(g3::to_string(e.phase) << " " << g3::to_string(e.compute));
     if (e.phase == g3::Phase::Prefill && e.compute == g3::DType::F32) {
@@ -140,15 +151,11 @@ TEST_CASE("tune keeps, per phase and compute mode, the projection provider faste
       CHECK(e.rel.at("onednn") == Approx(1.0 + 21.0 / 20.0));
       CHECK(e.rel.at("highway") == Approx(2.0 + 1.0));
       CHECK(e.ms.at("highway") == Approx(30.0));
-    } else if (e.phase == g3::Phase::Decode) {
+    } else {
+      CHECK(e.phase == g3::Phase::Decode);
       CHECK(e.compute == g3::DType::F32);
       CHECK(e.best == "highway");
       CHECK(e.margin() == Approx(2.0));
-    } else {
-      CHECK(e.compute == g3::DType::BF16);
-      // onednn measured one of the two models: not a candidate.
-      CHECK(e.best == "highway");
-      CHECK(e.ms.size() == 1);
     }
   }
 }
