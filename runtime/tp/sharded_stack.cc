@@ -34,7 +34,7 @@ ShardedStack::ShardedStack(const ModelConfig& cfg, const RangeWeightSource& weig
   pool_->parallel_for(int64_t(specs.size()), [&](int64_t i) {
     const LayerSpec& full = specs[size_t(i)];
     layers_[size_t(i)] = prepare_layer(head_range_spec(full, range_), weights(full, range_), opt_.kv_dtype,
-                                       opt_.backend, opt_.isa, opt_.compute);
+                                       opt_.backend, opt_.isa, opt_.compute, opt_.proj);
   });
   for (const LayerSpec& s : specs)
     caches_.emplace_back(head_range_spec(s, range_), opt_.kv_dtype, opt_.batch, opt_.context, opt_.chunk);

@@ -62,6 +62,7 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   o.isa = isa_from_flag(r.isa);
   o.kv_dtype = r.kv_dtype;
   o.compute = r.compute;
+  o.proj = r.proj;
   o.batch = B;
   o.context = L;
   o.chunk = std::min(r.chunk, r.prompt);
