@@ -2,6 +2,7 @@
 // handles hold, and the one way every entry point turns C++ failures into a
 // status and a thread-local message. Private to runtime/api/.
 #pragma once
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,7 +64,20 @@ T* need(T* p, const char* name) {
   return p;
 }
 
-DType to_dtype(g3attn_dtype d, const char* what);  // G3ATTN_ERROR_ARGUMENT for other values
+// The int a C caller passed in an enum argument or field. C lets any int
+// through an enum type, but in C++ loading a value outside the enum's range
+// as that type is undefined (UBSan's -fsanitize=enum flags it), so enum
+// inputs are read as ints before they are checked.
+template <class E>
+int enum_value(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "the API's enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+// An enum_value of g3attn_dtype; G3ATTN_ERROR_ARGUMENT for other values.
+DType to_dtype(int d, const char* what);
 // An ISA name: "" means $G3ATTN_ISA, else best. Unknown names are
 // G3ATTN_ERROR_NAME, ones this CPU or build cannot run G3ATTN_ERROR_UNAVAILABLE.
 std::string resolve_isa_name(const std::string& name);

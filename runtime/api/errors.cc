@@ -27,10 +27,10 @@ g3attn_status set_error(const char* fn, g3attn_status status, const std::string&
 
 void clear_error() { t_message.clear(); }
 
-DType to_dtype(g3attn_dtype d, const char* what) {
+DType to_dtype(int d, const char* what) {
   if (d == G3ATTN_F32) return DType::F32;
   if (d == G3ATTN_BF16) return DType::BF16;
-  fail(G3ATTN_ERROR_ARGUMENT, std::string(what) + " = " + std::to_string(int(d)) +
+  fail(G3ATTN_ERROR_ARGUMENT, std::string(what) + " = " + std::to_string(d) +
                                   " is not a dtype (G3ATTN_F32 = 0, G3ATTN_BF16 = 1)");
 }
 
@@ -69,7 +69,7 @@ int g3attn_abi_version(void) { return G3ATTN_ABI_VERSION; }
 const char* g3attn_last_error(void) { return t_message.c_str(); }
 
 const char* g3attn_status_name(g3attn_status status) {
-  switch (status) {
+  switch (enum_value(status)) {
     case G3ATTN_OK: return "ok";
     case G3ATTN_ERROR_NULL: return "null";
     case G3ATTN_ERROR_ARGUMENT: return "argument";

@@ -119,9 +119,9 @@ g3attn_status g3attn_model_layer_key(const g3attn_model* model, int layer, g3att
                                      g3attn_dtype weight_dtype, g3attn_dtype compute, char* buf, size_t size) {
   return guard("g3attn_model_layer_key", G3ATTN_ERROR_ARGUMENT, [&] {
     const LayerSpec s = spec_of(model, layer);
-    const DType kv = to_dtype(kv_dtype, "kv_dtype"), c = to_dtype(compute, "compute");
+    const DType kv = to_dtype(enum_value(kv_dtype), "kv_dtype"), c = to_dtype(enum_value(compute), "compute");
     // As a layer is prepared: the bf16 compute mode packs its weights as bf16.
-    const DType w = c == DType::BF16 ? DType::BF16 : to_dtype(weight_dtype, "weight_dtype");
+    const DType w = c == DType::BF16 ? DType::BF16 : to_dtype(enum_value(weight_dtype), "weight_dtype");
     need(buf, "buf");
     const std::string key = kernel_key(s, kv, w, c).str();
     if (key.size() + 1 > size)
@@ -160,14 +160,14 @@ g3attn_status g3attn_options_set_isa(g3attn_options* options, const char* isa) {
 g3attn_status g3attn_options_set_kv_dtype(g3attn_options* options, g3attn_dtype kv_dtype) {
   return guard("g3attn_options_set_kv_dtype", G3ATTN_ERROR_ARGUMENT, [&] {
     g3attn_options& o = options_of(options);
-    o.kv_dtype = to_dtype(kv_dtype, "kv_dtype");
+    o.kv_dtype = to_dtype(enum_value(kv_dtype), "kv_dtype");
   });
 }
 
 g3attn_status g3attn_options_set_compute(g3attn_options* options, g3attn_dtype compute) {
   return guard("g3attn_options_set_compute", G3ATTN_ERROR_ARGUMENT, [&] {
     g3attn_options& o = options_of(options);
-    o.compute = to_dtype(compute, "compute");
+    o.compute = to_dtype(enum_value(compute), "compute");
   });
 }
 

@@ -103,8 +103,8 @@ LayerWeights Weights::load(const LayerSpec& full, HeadRange r) const {
   check_head_range(full, r);
   const int64_t D = full.hidden_size, H = full.head_dim, N = full.num_heads, G = full.group();
   const int64_t q0 = r.begin * G * H, q1 = r.end * G * H, k0 = r.begin * H, k1 = r.end * H;
-  const DType dt = tensors.dtype == G3ATTN_BF16 ? DType::BF16 : DType::F32;
-  const DType nt = tensors.norm_dtype == G3ATTN_BF16 ? DType::BF16 : DType::F32;
+  const DType dt = to_dtype(enum_value(tensors.dtype), "tensors.dtype");
+  const DType nt = to_dtype(enum_value(tensors.norm_dtype), "tensors.norm_dtype");
   LayerWeights w;
   w.q_proj = caller_block(tensors.q_proj, dt, D, q0, q1, 0, D, "q_proj");
   w.k_proj = caller_block(tensors.k_proj, dt, D, k0, k1, 0, D, "k_proj");
@@ -158,7 +158,7 @@ g3attn_status g3attn_weights_random(uint64_t seed, g3attn_dtype dtype, g3attn_we
     auto w = std::make_shared<Weights>();
     w->kind = Weights::Kind::Random;
     w->seed = seed;
-    w->dtype = to_dtype(dtype, "dtype");
+    w->dtype = to_dtype(enum_value(dtype), "dtype");
     auto h = std::make_unique<g3attn_weights>();
     h->s = std::move(w);
     *out = h.release();
@@ -170,8 +170,8 @@ g3attn_status g3attn_weights_from_tensors(const g3attn_tensors* tensors, g3attn_
     need(out, "out");
     *out = nullptr;
     const g3attn_tensors& t = *need(tensors, "tensors");
-    to_dtype(t.dtype, "tensors.dtype");
-    to_dtype(t.norm_dtype, "tensors.norm_dtype");
+    to_dtype(enum_value(t.dtype), "tensors.dtype");
+    to_dtype(enum_value(t.norm_dtype), "tensors.norm_dtype");
     need(t.q_proj, "tensors.q_proj");
     need(t.k_proj, "tensors.k_proj");
     need(t.v_proj, "tensors.v_proj");
@@ -199,29 +199,30 @@ g3attn_status g3attn_weights_read(const g3attn_weights* weights, const g3attn_mo
     if (layer < 0 || layer >= c.num_layers)
       fail(G3ATTN_ERROR_ARGUMENT, "layer " + std::to_string(layer) + " is outside 0.." +
                                       std::to_string(c.num_layers - 1) + " of model " + c.name);
-    if (int(tensor) < 0 || int(tensor) > int(G3ATTN_POST_NORM))
-      fail(G3ATTN_ERROR_ARGUMENT, "tensor = " + std::to_string(int(tensor)) + " is not a g3attn_tensor");
+    const int ti = enum_value(tensor);
+    if (ti < G3ATTN_Q_PROJ || ti > G3ATTN_POST_NORM)
+      fail(G3ATTN_ERROR_ARGUMENT, "tensor = " + std::to_string(ti) + " is not a g3attn_tensor");
     need(dst, "dst");
     const LayerSpec s = layer_spec(c, layer);
-    const std::vector<int64_t> shape = tensor_shape(s, tensor);
+    const std::vector<int64_t> shape = tensor_shape(s, ti);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     if (count != size_t(n))
       fail(G3ATTN_ERROR_ARGUMENT, std::string("count = ") + std::to_string(count) + " but " +
-                                      kTensors[tensor].field + " of layer " + std::to_string(layer) + " has " +
+                                      kTensors[ti].field + " of layer " + std::to_string(layer) + " has " +
                                       std::to_string(n) + " elements");
     std::vector<float> v;
     if (w.kind == Weights::Kind::Checkpoint) {
       // Only this tensor is read from the mapping.
       const TensorSource& src = w.checkpoint->source;
-      const std::string name = find_layer_prefix(src, layer) + kTensors[tensor].hf;
+      const std::string name = find_layer_prefix(src, layer) + kTensors[ti].hf;
       const TensorView* t = src.find(name);
       if (!t) fail(G3ATTN_ERROR_INPUT, src.describe + ": missing tensor " + name);
       if (t->shape != shape) fail(G3ATTN_ERROR_INPUT, src.describe + ": tensor " + name + " does not have the shape the model needs");
       v = t->to_f32();
     } else {
       const LayerWeights lw = w.load(s, HeadRange{0, s.num_kv_heads});
-      switch (tensor) {
+      switch (ti) {
         case G3ATTN_Q_PROJ: v = lw.q_proj.to_f32(); break;
         case G3ATTN_K_PROJ: v = lw.k_proj.to_f32(); break;
         case G3ATTN_V_PROJ: v = lw.v_proj.to_f32(); break;
