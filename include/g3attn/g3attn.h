@@ -26,8 +26,9 @@
  * On failure g3attn_last_error() returns a message for the calling thread
  * that says what was wrong (which argument, which file, which tensor). A
  * failed call changes nothing it was given (a refused cache call leaves the
- * cache as it was) and writes no output handle. No C++ exception crosses
- * this interface and bad input never aborts the process.
+ * cache as it was) and makes no handle: a non-null output handle pointer
+ * receives NULL. No C++ exception crosses this interface and bad input never
+ * aborts the process.
  *
  * Threads and lifetimes (README "Embedding" says the same):
  *   - Models, weights, contexts and layers are immutable once made and may
