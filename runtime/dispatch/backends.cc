@@ -111,16 +111,22 @@ const Backend* find_backend(const std::string& name) {
   return nullptr;
 }
 
-// The auto rule. Every backend computes the same numerics (f32 arithmetic;
-// bf16 KV is storage only), so auto is purely a speed choice, and a speed
-// rule measured on one CPU does not transfer to another (vdpbf16ps is twice
-// the fp32 peak on Zen 4 and half of it on Emerald Rapids). Until a
-// measured profile exists, auto takes the AOT Highway kernels: on both CPUs
-// the bench measured them fastest or within a few percent of the fastest on
-// f32 KV and on bf16 KV with widening.
-const Backend& auto_backend() {
-  static const Backend& b = *find_backend("highway");
-  return b;
+// The auto rule. Every backend of a compute mode computes the same numerics,
+// so auto is purely a speed choice, and a speed rule measured on one CPU
+// does not transfer to another (vdpbf16ps is twice the fp32 peak on Zen 4
+// and half of it on Emerald Rapids). Until a measured profile exists, auto
+// takes the AOT Highway kernels: on both CPUs the bench measured them
+// fastest or within a few percent of the fastest on f32 KV and on bf16 KV
+// with widening. One exception rests on the hardware, not on a timing:
+// prefill-sized calls in the bf16 compute mode go to the amx core wherever
+// it can serve the key, since AMX tiles multiply bf16 at many times any
+// vector unit's rate (13x the fp32 FMA peak on Emerald Rapids), while
+// Highway's bf16 mode pays for its rounding in vector code.
+const Backend& auto_backend(const KernelKey& key, Phase phase, const std::string& isa) {
+  static const Backend& highway = *find_backend("highway");
+  static const Backend& amx = *find_backend("amx");
+  if (phase == Phase::Prefill && key.compute == DType::BF16 && amx.why_unavailable(key, isa).empty()) return amx;
+  return highway;
 }
 
 }  // namespace g3

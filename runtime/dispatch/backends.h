@@ -11,6 +11,7 @@
 
 #include "generator/backend_api.h"
 #include "generator/kernel_key.h"
+#include "runtime/dispatch/profile.h"
 #include "templates/kernel_contract.h"
 
 namespace g3 {
@@ -67,7 +68,8 @@ struct Backend {
 const std::vector<Backend>& backends();
 // The entry named `name`, or nullptr ("auto" is a rule, not an entry).
 const Backend* find_backend(const std::string& name);
-// The backend `auto` takes (the rule and its reason are in backends.cc).
-const Backend& auto_backend();
+// The backend `auto` takes for a key, phase and ISA cap without a tune
+// profile (the rule and its reason are in backends.cc).
+const Backend& auto_backend(const KernelKey& key, Phase phase, const std::string& isa);
 
 }  // namespace g3

@@ -219,7 +219,7 @@ const Profile* active_profile() {
 
 AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa) {
   AutoRoute r;
-  r.backend = auto_backend().name;
+  r.backend = auto_backend(key, phase, isa).name;
   r.source = "static rule";
   if (const Profile* p = active_profile()) {
     if (const ProfileEntry* e = p->find(key.str(), phase, isa)) {

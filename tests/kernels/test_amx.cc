@@ -312,6 +312,8 @@ TEST_CASE("amx routing: the backend table serves bf16-compute keys and says why 
   const g3::KernelKey f32 = key_for({.head_dim = 256, .group = 2}, g3::DType::F32);
   REQUIRE(g3::find_backend("amx") != nullptr);
   CHECK(g3::parse_backend("amx") == "amx");
+  // auto below follows its static rule: no tune profile in this cache dir.
+  g3test::ScratchJitCache no_profile;
   std::string why;
   // Reasons that hold on any CPU come after the CPU's own: check them only
   // where AMX itself is there.
@@ -323,6 +325,7 @@ TEST_CASE("amx routing: the backend table serves bf16-compute keys and says why 
       const g3::KernelChoice c = g3::kernels_for(bf, "amx", "avx3");
       CHECK(c.backend == "highway");
       CHECK(c.fallback.find("amx unavailable") != std::string::npos);
+      CHECK(g3::kernels_for(bf, "auto", "avx3", g3::Phase::Prefill).backend == "highway");
     }
     return;
   }
@@ -348,6 +351,13 @@ TEST_CASE("amx routing: the backend table serves bf16-compute keys and says why 
   CHECK(cf.backend == "highway");
   CHECK(cf.fallback.find("amx unavailable (the amx core computes in bf16") != std::string::npos);
   if (g3::isa_compiled("avx3")) CHECK(g3::kernels_for(bf, "amx", "avx3").backend == "highway");
+  // auto's static rule: prefill of the bf16 mode on the AMX core, decode and
+  // the f32 mode on Highway.
+  const g3::KernelChoice ap = g3::kernels_for(bf, "auto", "avx3_dl", g3::Phase::Prefill);
+  CHECK(ap.backend == "amx");
+  CHECK(ap.source == "static rule");
+  CHECK(g3::kernels_for(bf, "auto", "avx3_dl", g3::Phase::Decode).backend == "highway");
+  CHECK(g3::kernels_for(f32, "auto", "avx3_dl", g3::Phase::Prefill).backend == "highway");
   // The registry's core is the AMX core: within the bound on a prefill call.
   const CoreSpec spec{.head_dim = 256, .group = 2, .T = 40, .S = 200, .compute = g3::DType::BF16, .seed = 3};
   const CoreCall d = CoreCall::random(spec);
