@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
 #include "runtime/bench/peaks.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/run_report.h"
 #include "runtime/exec/run.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/io/checkpoint.h"
@@ -141,99 +141,35 @@ int cmd_run(int argc, char** argv, int first) {
     }
   }
 
-  // Routing summary: layers per kernel key.
-  struct Route {
-    std::vector<int> layers;
-    std::string kind, backend, isa;
-    bool specialised = true;
-  };
-  std::map<std::string, Route> routes;
-  for (const auto& l : res.layers) {
-    Route& rt = routes[l.key];
-    rt.layers.push_back(l.index);
-    rt.kind = to_string(l.kind);
-    rt.backend = l.backend;
-    rt.isa = l.isa;
-    rt.specialised = l.specialised;
-  }
-  const int nglobal = int(std::count_if(res.layers.begin(), res.layers.end(),
-                                        [](const RunLayer& l) { return l.kind == LayerKind::Global; }));
   // The text summary goes to stdout unless `--json` alone asked for JSON
   // there instead (README: then stdout holds only the JSON document).
   const bool json_stdout = a.has("json") && a.str("json").empty();
   if (!json_stdout) {
-    std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
-                res.config.name.c_str(), res.config.hidden_size, res.config.num_layers,
-                res.config.num_layers - nglobal, nglobal);
+    print_model_line(res);
     std::printf("batch %lld, prompt %lld, decode %lld, chunk %lld, kv %s, compute %s, %d threads, isa %s\n",
                 (long long)r.batch, (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
                 to_string(r.kv_dtype), to_string(r.compute), res.threads, res.isa.c_str());
-    std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
-    for (const auto& [k, rt] : routes)
-      table.push_back({k, rt.kind, std::to_string(rt.layers.size()),
-                       rt.backend + (rt.specialised ? "" : " (generic)"), rt.isa});
-    std::fflush(stdout);  // printf and std::cout share stdout: keep the order
-    std::cout << format_table(table) << std::flush;
-    std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
-    if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+    print_routing(res);
+    print_rates(r, res, "time split");
     if (floor.ms > 0)
       std::printf("decode floor: %.1f MB/step (weights %.1f MB, K/V %.1f MB) at %.1f GB/s DRAM read = %.3f ms; "
                   "this run %.2fx the floor\n",
                   res.decode_traffic.total() / 1e6, res.decode_traffic.weight_bytes / 1e6,
                   res.decode_traffic.kv_bytes / 1e6, floor.dram_gbs, floor.ms, floor.ratio);
-    const double tot = std::max(1e-9, res.local_ms + res.global_ms);
-    std::printf("time split: local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
-                100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
     std::printf("KV memory: %s ring vs %s full length (%lld positions)\n", gib(res.kv.ring).c_str(),
                 gib(res.kv.full_length).c_str(), (long long)(r.prompt + r.decode));
-    if (res.verified)
-      std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s)\n",
-                  res.max_abs_diff, res.max_abs_diff_prefill, res.max_abs_diff_decode, res.verify_s);
+    if (res.verified) std::printf("%s\n", verify_text(res).c_str());
     std::fflush(stdout);
   }
 
   if (a.has("json")) {
-    nlohmann::json j;
-    j["model"] = {{"name", res.config.name}, {"hidden_size", res.config.hidden_size},
-                  {"num_layers", res.config.num_layers}};
-    j["attention_only"] = true;
-    j["batch"] = r.batch;
-    j["prompt"] = r.prompt;
-    j["decode"] = r.decode;
-    j["chunk"] = std::min(r.chunk, r.prompt);
-    j["threads"] = res.threads;
-    j["isa"] = res.isa;
-    j["kv_dtype"] = to_string(r.kv_dtype);
-    j["compute"] = to_string(r.compute);
-    j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
-    j["prefill_s"] = res.prefill_s;
-    j["decode_ms_per_token"] = res.decode_ms_per_token;
+    nlohmann::json j = run_json(r, res);
     if (floor.ms > 0)
       j["decode_floor"] = {{"weight_bytes", res.decode_traffic.weight_bytes},
                            {"kv_bytes", res.decode_traffic.kv_bytes},
                            {"dram_read_gbs", floor.dram_gbs},
                            {"floor_ms", floor.ms},
                            {"ratio", floor.ratio}};
-    j["local_ms"] = res.local_ms;
-    j["global_ms"] = res.global_ms;
-    j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};
-    if (res.verified)
-      j["verify"] = {{"max_abs_diff", res.max_abs_diff},
-                     {"max_abs_diff_prefill", res.max_abs_diff_prefill},
-                     {"max_abs_diff_decode", res.max_abs_diff_decode},
-                     {"seconds", res.verify_s}};
-    nlohmann::json layers = nlohmann::json::array();
-    for (const auto& l : res.layers)
-      layers.push_back({{"index", l.index},
-                        {"kind", to_string(l.kind)},
-                        {"key", l.key},
-                        {"backend", l.backend},
-                        {"isa", l.isa},
-                        {"specialised", l.specialised},
-                        {"ms", l.prefill_ms + l.decode_ms},
-                        {"prefill_ms", l.prefill_ms},
-                        {"decode_ms", l.decode_ms}});
-    j["layers"] = layers;
     emit_json(a, j.dump(1));
   }
   return 0;

@@ -11,11 +11,11 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
-#include <map>
 #include <new>
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
+#include "runtime/cli/run_report.h"
 #include "runtime/tp/mpi_comm.h"
 #include "runtime/tp/tp_run.h"
 
@@ -33,11 +33,7 @@ std::string bytes_str(double bytes) {
 
 void print_summary(const RunRequest& r, const TpRunResult& t) {
   const RunResult& res = t.run;
-  const int nglobal = int(std::count_if(res.layers.begin(), res.layers.end(),
-                                        [](const RunLayer& l) { return l.kind == LayerKind::Global; }));
-  std::printf("model %s: hidden_size %d, %d layers (%d local, %d global); attention stack only, MLPs not included\n",
-              res.config.name.c_str(), res.config.hidden_size, res.config.num_layers,
-              res.config.num_layers - nglobal, nglobal);
+  print_model_line(res);
   std::printf("tensor parallel: %d ranks, %d of %d KV heads (%d of %d query heads) per rank, %d threads per rank\n",
               t.ranks, res.config.num_kv_heads / t.ranks, res.config.num_kv_heads, res.config.num_heads / t.ranks,
               res.config.num_heads, res.threads);
@@ -45,19 +41,8 @@ void print_summary(const RunRequest& r, const TpRunResult& t) {
               (long long)r.prompt, (long long)r.decode, (long long)std::min(r.chunk, r.prompt),
               to_string(r.kv_dtype), to_string(r.compute), res.isa.c_str());
   // Routing of rank 0's layers (a range keeps its layer's kernel key).
-  std::map<std::string, std::vector<const RunLayer*>> routes;
-  for (const auto& l : res.layers) routes[l.key].push_back(&l);
-  std::vector<std::vector<std::string>> table = {{"key", "kind", "layers", "backend", "isa"}};
-  for (const auto& [k, ls] : routes)
-    table.push_back({k, to_string(ls[0]->kind), std::to_string(ls.size()),
-                     ls[0]->backend + (ls[0]->specialised ? "" : " (generic)"), ls[0]->isa});
-  std::fflush(stdout);
-  std::cout << format_table(table) << std::flush;
-  std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
-  if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
-  const double tot = std::max(1e-9, res.local_ms + res.global_ms);
-  std::printf("time split (rank 0): local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", res.local_ms,
-              100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
+  print_routing(res);
+  print_rates(r, res, "time split (rank 0)");
   std::string per_rank;
   for (size_t i = 0; i < t.kv_bytes_per_rank.size(); ++i)
     per_rank += (i ? ", " : "") + std::string("rank ") + std::to_string(i) + " " + bytes_str(t.kv_bytes_per_rank[i]);
@@ -89,33 +74,12 @@ void print_summary(const RunRequest& r, const TpRunResult& t) {
                 t.allreduce_call_us);
   }
   if (res.verified)
-    std::printf("verify: max |diff| vs scalar reference %.3g (prefill %.3g, decode %.3g; reference took %.1f s); "
-                "vs the single-process run %.3g\n",
-                res.max_abs_diff, res.max_abs_diff_prefill, res.max_abs_diff_decode, res.verify_s,
-                t.max_abs_diff_single);
+    std::printf("%s; vs the single-process run %.3g\n", verify_text(res).c_str(), t.max_abs_diff_single);
   std::fflush(stdout);
 }
 
 nlohmann::json to_json(const RunRequest& r, const TpRunResult& t) {
-  const RunResult& res = t.run;
-  nlohmann::json j;
-  j["model"] = {{"name", res.config.name}, {"hidden_size", res.config.hidden_size},
-                {"num_layers", res.config.num_layers}};
-  j["attention_only"] = true;
-  j["batch"] = r.batch;
-  j["prompt"] = r.prompt;
-  j["decode"] = r.decode;
-  j["chunk"] = std::min(r.chunk, r.prompt);
-  j["threads"] = res.threads;
-  j["isa"] = res.isa;
-  j["kv_dtype"] = to_string(r.kv_dtype);
-  j["compute"] = to_string(r.compute);
-  j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
-  j["prefill_s"] = res.prefill_s;
-  j["decode_ms_per_token"] = res.decode_ms_per_token;
-  j["local_ms"] = res.local_ms;
-  j["global_ms"] = res.global_ms;
-  j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};
+  nlohmann::json j = run_json(r, t.run);
   std::vector<uint64_t> kv_per_rank;
   for (double b : t.kv_bytes_per_rank) kv_per_rank.push_back(uint64_t(b));
   j["tp"] = {{"ranks", t.ranks},
@@ -126,24 +90,7 @@ nlohmann::json to_json(const RunRequest& r, const TpRunResult& t) {
              {"run_s_per_rank", t.run_s_per_rank},
              {"comm_decode_s_per_rank", t.comm_decode_s_per_rank},
              {"allreduce_call_us", t.allreduce_call_us}};
-  if (res.verified)
-    j["verify"] = {{"max_abs_diff", res.max_abs_diff},
-                   {"max_abs_diff_prefill", res.max_abs_diff_prefill},
-                   {"max_abs_diff_decode", res.max_abs_diff_decode},
-                   {"max_abs_diff_single_process", t.max_abs_diff_single},
-                   {"seconds", res.verify_s}};
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& l : res.layers)
-    layers.push_back({{"index", l.index},
-                      {"kind", to_string(l.kind)},
-                      {"key", l.key},
-                      {"backend", l.backend},
-                      {"isa", l.isa},
-                      {"specialised", l.specialised},
-                      {"ms", l.prefill_ms + l.decode_ms},
-                      {"prefill_ms", l.prefill_ms},
-                      {"decode_ms", l.decode_ms}});
-  j["layers"] = layers;
+  if (t.run.verified) j["verify"]["max_abs_diff_single_process"] = t.max_abs_diff_single;
   return j;
 }
 
