@@ -40,25 +40,6 @@ WeightMatrix sub_matrix(const WeightMatrix& m, int64_t r0, int64_t r1, int64_t c
   return out;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string o = "[";
-  for (size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
-  return o + "]";
-}
-
-// The tensor `name` of the shape the whole layer needs (the messages are
-// load_layer_weights' own, so a rank reports a bad checkpoint as a single
-// process would).
-const TensorView& need(const TensorSource& src, const std::string& name, const std::vector<int64_t>& shape,
-                       const std::string& meaning) {
-  const TensorView* t = src.find(name);
-  if (!t) throw InputError(src.describe + ": missing tensor " + name);
-  if (t->shape != shape)
-    throw InputError(src.describe + ": tensor " + name + " has shape " + shape_str(t->shape) +
-                     " but the config needs " + meaning + " = " + shape_str(shape));
-  return *t;
-}
-
 // Rows [r0, r1) and columns [c0, c1) of a 2-D tensor in the checkpoint,
 // copied out of the mapping: bf16 stays bf16, F32 and F16 become f32. Only
 // the bytes of the block are read. Non-finite values are refused, as the
@@ -136,18 +117,18 @@ LayerWeights load_head_range_weights(const TensorSource& src, const LayerSpec& f
   const int64_t D = full.hidden_size, H = full.head_dim, N = full.num_heads, K = full.num_kv_heads, G = full.group();
   const int64_t q0 = r.begin * G * H, q1 = r.end * G * H, k0 = r.begin * H, k1 = r.end * H;
   LayerWeights w;
-  w.q_proj = read_block(src, need(src, p + "self_attn.q_proj.weight", {N * H, D}, "[num_heads*head_dim, hidden_size]"),
+  w.q_proj = read_block(src, need_tensor(src, p + "self_attn.q_proj.weight", {N * H, D}, "[num_heads*head_dim, hidden_size]"),
                         q0, q1, 0, D);
   w.k_proj = read_block(
-      src, need(src, p + "self_attn.k_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"), k0, k1, 0, D);
+      src, need_tensor(src, p + "self_attn.k_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"), k0, k1, 0, D);
   w.v_proj = read_block(
-      src, need(src, p + "self_attn.v_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"), k0, k1, 0, D);
-  w.o_proj = read_block(src, need(src, p + "self_attn.o_proj.weight", {D, N * H}, "[hidden_size, num_heads*head_dim]"),
+      src, need_tensor(src, p + "self_attn.v_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"), k0, k1, 0, D);
+  w.o_proj = read_block(src, need_tensor(src, p + "self_attn.o_proj.weight", {D, N * H}, "[hidden_size, num_heads*head_dim]"),
                         0, D, q0, q1);
-  w.q_norm = read_vector(src, need(src, p + "self_attn.q_norm.weight", {H}, "[head_dim]"));
-  w.k_norm = read_vector(src, need(src, p + "self_attn.k_norm.weight", {H}, "[head_dim]"));
-  w.input_norm = read_vector(src, need(src, p + "input_layernorm.weight", {D}, "[hidden_size]"));
-  w.post_norm = read_vector(src, need(src, p + "post_attention_layernorm.weight", {D}, "[hidden_size]"));
+  w.q_norm = read_vector(src, need_tensor(src, p + "self_attn.q_norm.weight", {H}, "[head_dim]"));
+  w.k_norm = read_vector(src, need_tensor(src, p + "self_attn.k_norm.weight", {H}, "[head_dim]"));
+  w.input_norm = read_vector(src, need_tensor(src, p + "input_layernorm.weight", {D}, "[hidden_size]"));
+  w.post_norm = read_vector(src, need_tensor(src, p + "post_attention_layernorm.weight", {D}, "[hidden_size]"));
   return w;
 }
 

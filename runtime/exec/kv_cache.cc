@@ -35,35 +35,29 @@ static std::shared_ptr<uint8_t> alloc_zeroed(size_t bytes) {
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
 }
 
-LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk)
-    : head_dim_(spec.head_dim),
-      kv_heads_(spec.num_kv_heads),
-      dtype_(dtype),
-      batch_(batch),
-      context_(context),
-      chunk_(std::max<int64_t>(1, chunk)) {
-  init(spec, batch, context);
+LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk) {
+  init(spec, dtype, batch, context, chunk);
   k_ = alloc_zeroed(seq_bytes_ * size_t(batch));
   v_ = alloc_zeroed(seq_bytes_ * size_t(batch));
 }
 
 LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk, void* k,
-                           void* v)
-    : head_dim_(spec.head_dim),
-      kv_heads_(spec.num_kv_heads),
-      dtype_(dtype),
-      batch_(batch),
-      context_(context),
-      chunk_(std::max<int64_t>(1, chunk)) {
-  init(spec, batch, context);
+                           void* v) {
+  init(spec, dtype, batch, context, chunk);
   if (!k || !v) throw InputError("KV cache: null K or V buffer");
   // Not owned: the deleters do nothing.
   k_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(k), [](uint8_t*) {});
   v_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(v), [](uint8_t*) {});
 }
 
-void LayerKvCache::init(const LayerSpec& spec, int64_t batch, int64_t context) {
+void LayerKvCache::init(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk) {
   if (batch < 1 || context < 1) throw InputError("KV cache: batch and context must be at least 1");
+  head_dim_ = spec.head_dim;
+  kv_heads_ = spec.num_kv_heads;
+  dtype_ = dtype;
+  batch_ = batch;
+  context_ = context;
+  chunk_ = std::max<int64_t>(1, chunk);
   slots_ = spec.window > 0 ? ring_slots(spec.window, chunk_, context) : context;
   ring_ = slots_ < context;
   seq_bytes_ = size_t(kv_heads_) * size_t(slots_) * size_t(head_dim_) * element_size();

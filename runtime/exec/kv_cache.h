@@ -105,7 +105,7 @@ class LayerKvCache {
 
  private:
   // Sizes and bookkeeping shared by both constructors (not the K/V memory).
-  void init(const LayerSpec& spec, int64_t batch, int64_t context);
+  void init(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk);
   int head_dim_ = 0, kv_heads_ = 0;
   DType dtype_ = DType::F32;
   int64_t batch_ = 0, context_ = 0, slots_ = 0, chunk_ = 1;

@@ -44,8 +44,8 @@ static std::string shape_str(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
-static const TensorView& need(const TensorSource& src, const std::string& name,
-                              const std::vector<int64_t>& shape, const std::string& meaning) {
+const TensorView& need_tensor(const TensorSource& src, const std::string& name, const std::vector<int64_t>& shape,
+                              const std::string& meaning) {
   const TensorView* t = src.find(name);
   if (!t) throw InputError(src.describe + ": missing tensor " + name);
   if (t->shape != shape)
@@ -89,14 +89,14 @@ LayerWeights load_layer_weights(const TensorSource& src, const LayerSpec& s) {
   std::string p = find_layer_prefix(src, s.index);
   const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
   LayerWeights w;
-  w.q_proj = matrix(need(src, p + "self_attn.q_proj.weight", {N * H, D}, "[num_heads*head_dim, hidden_size]"));
-  w.k_proj = matrix(need(src, p + "self_attn.k_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"));
-  w.v_proj = matrix(need(src, p + "self_attn.v_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"));
-  w.o_proj = matrix(need(src, p + "self_attn.o_proj.weight", {D, N * H}, "[hidden_size, num_heads*head_dim]"));
-  w.q_norm = need(src, p + "self_attn.q_norm.weight", {H}, "[head_dim]").to_f32();
-  w.k_norm = need(src, p + "self_attn.k_norm.weight", {H}, "[head_dim]").to_f32();
-  w.input_norm = need(src, p + "input_layernorm.weight", {D}, "[hidden_size]").to_f32();
-  w.post_norm = need(src, p + "post_attention_layernorm.weight", {D}, "[hidden_size]").to_f32();
+  w.q_proj = matrix(need_tensor(src, p + "self_attn.q_proj.weight", {N * H, D}, "[num_heads*head_dim, hidden_size]"));
+  w.k_proj = matrix(need_tensor(src, p + "self_attn.k_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"));
+  w.v_proj = matrix(need_tensor(src, p + "self_attn.v_proj.weight", {K * H, D}, "[num_kv_heads*head_dim, hidden_size]"));
+  w.o_proj = matrix(need_tensor(src, p + "self_attn.o_proj.weight", {D, N * H}, "[hidden_size, num_heads*head_dim]"));
+  w.q_norm = need_tensor(src, p + "self_attn.q_norm.weight", {H}, "[head_dim]").to_f32();
+  w.k_norm = need_tensor(src, p + "self_attn.k_norm.weight", {H}, "[head_dim]").to_f32();
+  w.input_norm = need_tensor(src, p + "input_layernorm.weight", {D}, "[hidden_size]").to_f32();
+  w.post_norm = need_tensor(src, p + "post_attention_layernorm.weight", {D}, "[hidden_size]").to_f32();
   const std::pair<const char*, const WeightMatrix*> mats[] = {
       {"q_proj", &w.q_proj}, {"k_proj", &w.k_proj}, {"v_proj", &w.v_proj}, {"o_proj", &w.o_proj}};
   for (const auto& [n, m] : mats) {

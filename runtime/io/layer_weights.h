@@ -46,6 +46,12 @@ std::string find_layer_prefix(const TensorSource& src, int index);
 // Loads and checks every tensor's shape against the spec; F16 tensors are
 // widened to f32. Throws InputError naming the tensor and the mismatch.
 LayerWeights load_layer_weights(const TensorSource& src, const LayerSpec& spec);
+// The tensor `name` of `src` with exactly `shape`; InputError otherwise,
+// naming the tensor and what the config needs it to be (`meaning`). Every
+// reader of a layer's tensors (whole or a head range's rows) asks this way,
+// so a bad checkpoint reads the same whichever reads it.
+const TensorView& need_tensor(const TensorSource& src, const std::string& name, const std::vector<int64_t>& shape,
+                              const std::string& meaning);
 
 // Random weights from a fixed seed: projections N(0, 0.02^2), norm weights
 // N(0, 0.1^2), as in a real checkpoint. Deterministic for (spec, seed, dtype).
