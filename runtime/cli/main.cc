@@ -41,6 +41,11 @@ KV dtype (--kv-dtype f32|bf16): bf16 stores K and V rounded once to bf16 (neares
   even); in the f32 compute mode queries and softmax weights stay f32 on every backend.
 ISAs (--isa or G3ATTN_ISA; the flag wins): scalar, ssse3, sse4, avx2, avx3 (AVX-512),
   avx3_dl, best (default). The ISA selects the Highway target and caps JIT code.
+Projections (--proj highway|onednn|auto on plan, run and bench; default auto): who
+  runs the Q/K/V and output projections, Highway's GEMM/GEMV or oneDNN's matmul (AMX
+  tiles where the CPU has them). auto follows the tune profile, else runs prefill-sized
+  calls of the bf16 compute mode on oneDNN where AMX is usable and everything else on
+  Highway; `g3attn plan` prints the choice per phase and where it came from.
 
 Environment:
   G3ATTN_ISA        default for --isa
