@@ -43,10 +43,22 @@ void check_run_request(const RunRequest& r) {
                      std::to_string(int64_t(ram / double(1 << 30))) + " GiB of RAM (lower --prompt, --batch)");
 }
 
+ModelOptions model_options(const RunRequest& r) {
+  ModelOptions o;
+  o.backend = parse_backend(r.backend);
+  o.isa = isa_from_flag(r.isa);
+  o.kv_dtype = r.kv_dtype;
+  o.compute = r.compute;
+  o.proj = r.proj;
+  o.batch = r.batch;
+  o.context = r.prompt + r.decode;
+  o.chunk = std::min(r.chunk, r.prompt);
+  o.threads = r.threads;
+  return o;
+}
+
 RunResult run_model(const RunRequest& r) {
   check_run_request(r);
-  const std::string backend = parse_backend(r.backend);
-  const std::string isa = isa_from_flag(r.isa);
 
   RunResult res;
   std::shared_ptr<Checkpoint> ck;
@@ -62,19 +74,10 @@ RunResult run_model(const RunRequest& r) {
   const ModelConfig& cfg = r.config;
   const int64_t B = r.batch, L = r.prompt + r.decode;
 
-  ModelOptions o;
-  o.backend = backend;
-  o.isa = isa;
-  o.kv_dtype = r.kv_dtype;
-  o.compute = r.compute;
-  o.proj = r.proj;
-  o.batch = B;
-  o.context = L;
-  o.chunk = std::min(r.chunk, r.prompt);
-  o.threads = r.threads;
+  const ModelOptions o = model_options(r);
   Model m(cfg, ws, o);
   res.config = cfg;
-  res.isa = isa;
+  res.isa = o.isa;
   res.threads = m.pool().size();
   res.kv = kv_bytes(cfg, L, B, r.kv_dtype, o.chunk);
   if (res.kv.ring != m.kv_bytes_allocated()) throw std::logic_error("kv_bytes accounting disagrees with the caches");

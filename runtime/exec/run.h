@@ -12,6 +12,7 @@
 #include "runtime/dispatch/onednn_route.h"
 #include "runtime/exec/decode_traffic.h"
 #include "runtime/exec/kv_cache.h"
+#include "runtime/exec/model.h"
 
 namespace g3 {
 
@@ -58,6 +59,10 @@ struct RunResult {
   double max_abs_diff = 0, max_abs_diff_prefill = 0, max_abs_diff_decode = 0;
   std::vector<float> final_hidden;  // [B][prompt + decode][D] of the last layer
 };
+
+// The stack options a request asks for (backend and ISA resolved; the
+// chunk is capped by the prompt); the tensor-parallel run starts from them.
+ModelOptions model_options(const RunRequest& r);
 
 RunResult run_model(const RunRequest& r);
 // Every check run_model makes before allocating anything: sizes, positions

@@ -52,15 +52,7 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   std::shared_ptr<Checkpoint> ck;
   WeightSource full_ws;
   RangeWeightSource range_ws;
-  ModelOptions o;
-  o.backend = parse_backend(r.backend);
-  o.isa = isa_from_flag(r.isa);
-  o.kv_dtype = r.kv_dtype;
-  o.compute = r.compute;
-  o.proj = r.proj;
-  o.batch = B;
-  o.context = L;
-  o.chunk = std::min(r.chunk, r.prompt);
+  ModelOptions o = model_options(r);
   // Ranks on one machine share its cores: each takes its share by default.
   o.threads = r.threads > 0 ? r.threads : std::max(1, ThreadPool::default_threads() / comm.local_size());
 
