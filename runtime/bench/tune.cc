@@ -10,98 +10,99 @@
 
 namespace g3::bench {
 
-std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
-  // The fastest time of every shape (one context of one key, phase, ISA).
+namespace {
+
+struct Sum {
+  double rel = 0, ms = 0;  // summed over the entry's shapes
+  int n = 0;               // shapes measured
+};
+
+// The choice rule both profile sections share. Rows that `use` keeps are
+// grouped into entries (id_of) whose candidates (candidate_of) compete on
+// one or more shapes (shape_of: e.g. the contexts of a kernel key); each
+// candidate's time is taken relative to the fastest row of its shape and
+// summed, so every shape weighs the same whatever its length. A candidate
+// missing a shape of its entry is dropped (no fair comparison). `first`
+// keeps, per entry, the row its fields come from.
+template <class Use, class Id, class Shape, class Candidate>
+std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vector<Row>& rows, Use use, Id id_of,
+                                                                Shape shape_of, Candidate candidate_of,
+                                                                std::map<std::string, const Row*>& first) {
   std::map<std::string, double> best;
-  // Rows are keyed by the ISA cap asked for: that is what auto looks up.
-  auto shape = [](const Row& r) { return r.key + "|" + r.phase + "|" + r.isa_cap + "|" + std::to_string(*r.context); };
   for (const Row& r : rows) {
-    if (!r.context || r.key.empty()) continue;
-    auto it = best.find(shape(r));
-    if (it == best.end() || r.ms_median < it->second) best[shape(r)] = r.ms_median;
+    if (!use(r)) continue;
+    auto it = best.find(shape_of(r));
+    if (it == best.end() || r.ms_median < it->second) best[shape_of(r)] = r.ms_median;
   }
-  // Per (key, phase, ISA) and backend: the sum of relative times and of ms
-  // over the contexts measured; a backend missing a context is not a
-  // candidate for that entry.
-  struct Acc {
-    double rel = 0, ms = 0;
-    int n = 0;
-  };
-  std::map<std::string, std::map<std::string, Acc>> acc;
-  std::map<std::string, int> contexts;
-  std::map<std::string, ProfileEntry> proto;
+  std::map<std::string, std::map<std::string, Sum>> sums;
+  std::map<std::string, int> shapes;
   for (const Row& r : rows) {
-    if (!r.context || r.key.empty() || r.backend == "auto" || r.backend == "reference") continue;
-    const std::string id = r.key + "|" + r.phase + "|" + r.isa_cap;
-    Acc& a = acc[id][r.backend];
-    a.rel += r.ms_median / best[shape(r)];
+    if (!use(r)) continue;
+    Sum& a = sums[id_of(r)][candidate_of(r)];
+    a.rel += r.ms_median / best[shape_of(r)];
     a.ms += r.ms_median;
-    ++a.n;
-    contexts[id] = std::max(contexts[id], a.n);
+    shapes[id_of(r)] = std::max(shapes[id_of(r)], ++a.n);
+    first.emplace(id_of(r), &r);
+  }
+  for (auto& [id, per] : sums) std::erase_if(per, [&, id = id](const auto& c) { return c.second.n < shapes[id]; });
+  return sums;
+}
+
+// Fills an entry's ms, rel and best (smallest summed relative time).
+template <class Entry>
+void choose(Entry& e, const std::map<std::string, Sum>& per) {
+  double best_rel = 0;
+  for (const auto& [name, a] : per) {
+    e.ms[name] = a.ms;
+    e.rel[name] = a.rel;
+    if (e.best.empty() || a.rel < best_rel) e.best = name, best_rel = a.rel;
+  }
+}
+
+}  // namespace
+
+std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
+  // Entries per (key, phase, ISA cap asked for: what auto looks up), the
+  // backends competing on each context; the reference and auto rows are no
+  // candidates.
+  auto use = [](const Row& r) {
+    return r.context && !r.key.empty() && r.backend != "auto" && r.backend != "reference";
+  };
+  auto id_of = [](const Row& r) { return r.key + "|" + r.phase + "|" + r.isa_cap; };
+  auto shape_of = [&](const Row& r) { return id_of(r) + "|" + std::to_string(*r.context); };
+  std::map<std::string, const Row*> first;
+  const auto sums = relative_sums(rows, use, id_of, shape_of, [](const Row& r) { return r.backend; }, first);
+  std::vector<ProfileEntry> out;
+  for (const auto& [id, per] : sums) {
+    const Row& r = *first.at(id);
     ProfileEntry e;
     e.key = r.key;
     e.isa = r.isa_cap;
     e.phase = r.phase == "decode" ? Phase::Decode : Phase::Prefill;
-    proto.emplace(id, e);
-  }
-  std::vector<ProfileEntry> out;
-  for (auto& [id, per] : acc) {
-    ProfileEntry e = proto[id];
-    double best_rel = 0;
-    for (const auto& [backend, a] : per) {
-      if (a.n < contexts[id]) continue;
-      e.ms[backend] = a.ms;
-      e.rel[backend] = a.rel;
-      if (e.best.empty() || a.rel < best_rel) e.best = backend, best_rel = a.rel;
-    }
+    choose(e, per);
     if (!e.best.empty()) out.push_back(e);
   }
   return out;
 }
 
 std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>& rows) {
-  // A shape: one model's rows of one size in one compute mode.
+  // Entries per (phase, compute mode), the two providers competing on each
+  // model's rows of one size.
   auto phase_of = [](const Row& r) { return projection_phase(int64_t(r.batch) * r.new_tokens); };
-  auto id_of = [&](const Row& r) { return std::string(to_string(phase_of(r))) + "|" + r.compute; };
-  auto shape = [&](const Row& r) { return id_of(r) + "|" + r.model + "|" + std::to_string(r.new_tokens); };
-  auto usable = [](const Row& r) {
+  auto use = [](const Row& r) {
     return r.phase == "projections" && (r.proj == "highway" || r.proj == "onednn") && r.proj_route == r.proj;
   };
-  std::map<std::string, double> best;
-  for (const Row& r : rows) {
-    if (!usable(r)) continue;
-    auto it = best.find(shape(r));
-    if (it == best.end() || r.ms_median < it->second) best[shape(r)] = r.ms_median;
-  }
-  struct Acc {
-    double rel = 0, ms = 0;
-    int n = 0;
-  };
-  std::map<std::string, std::map<std::string, Acc>> acc;
-  std::map<std::string, int> shapes;
-  std::map<std::string, ProjectionEntry> proto;
-  for (const Row& r : rows) {
-    if (!usable(r)) continue;
-    Acc& a = acc[id_of(r)][r.proj];
-    a.rel += r.ms_median / best[shape(r)];
-    a.ms += r.ms_median;
-    ++a.n;
-    shapes[id_of(r)] = std::max(shapes[id_of(r)], a.n);
+  auto id_of = [&](const Row& r) { return std::string(to_string(phase_of(r))) + "|" + r.compute; };
+  auto shape_of = [&](const Row& r) { return id_of(r) + "|" + r.model + "|" + std::to_string(r.new_tokens); };
+  std::map<std::string, const Row*> first;
+  const auto sums = relative_sums(rows, use, id_of, shape_of, [](const Row& r) { return r.proj; }, first);
+  std::vector<ProjectionEntry> out;
+  for (const auto& [id, per] : sums) {
+    const Row& r = *first.at(id);
     ProjectionEntry e;
     e.phase = phase_of(r);
     e.compute = r.compute == "bf16" ? DType::BF16 : DType::F32;
-    proto.emplace(id_of(r), e);
-  }
-  std::vector<ProjectionEntry> out;
-  for (auto& [id, per] : acc) {
-    ProjectionEntry e = proto[id];
-    double best_rel = 0;
-    for (const auto& [provider, a] : per) {
-      if (a.n < shapes[id]) continue;
-      e.ms[provider] = a.ms;
-      e.rel[provider] = a.rel;
-      if (e.best.empty() || a.rel < best_rel) e.best = provider, best_rel = a.rel;
-    }
+    choose(e, per);
     // One provider measured is no comparison: the entry would override the
     // default rule with what was never weighed against it.
     if (e.ms.size() >= 2) out.push_back(e);
