@@ -341,6 +341,7 @@ Result run_bench(Options o) {
   validate(o);
   const Clock::time_point t_start = Clock::now();
   const bool default_contexts = o.contexts.empty();
+  const bool run_limits = default_contexts && o.default_run_limits;
   if (o.threads <= 0) o.threads = int(std::max(1u, std::thread::hardware_concurrency()));
   const bool fixed_repeat = o.repeat > 0;
   const int repeat = fixed_repeat ? o.repeat : kDefaultRepeat;
@@ -571,7 +572,7 @@ Result run_bench(Options o) {
           if (sh.core_flops > 0) predicted += sh.core_flops / (probe(c, sh, "core") * o.threads);
           if (sh.proj_flops > 0) predicted += sh.proj_flops / (probe(c, sh, "gemm") * o.threads);
         }
-        const bool budgeted = backend == "reference" || default_contexts;
+        const bool budgeted = backend == "reference" || run_limits;
         if (budgeted && predicted > kRunBudgetSeconds) {
           notes.add(backend + " " + c.isa + " " + sh.model + " " + sh.kind + " " + sh.phase + " context " +
                     ctx_str(sh.C ? std::optional<int64_t>(sh.C) : std::nullopt) + " new_tokens " +
@@ -595,7 +596,7 @@ Result run_bench(Options o) {
           run_once(pool, sh, L, env);
           ms.push_back(seconds_since(t0) * 1e3);
           if (!fixed_repeat && seconds_since(row_start) > kRowSeconds) break;
-          if (!fixed_repeat && default_contexts && seconds_since(t_start) > kDefaultRunSeconds) {
+          if (!fixed_repeat && run_limits && seconds_since(t_start) > kDefaultRunSeconds) {
             notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +
                       " s: later rows took a single timed run");
             break;

@@ -53,6 +53,11 @@ struct Options {
   std::vector<std::string> projs;
   bool progress = false;          // one line per row on stderr while running
   double budget_seconds = 0;      // > 0: rows that would start after this many seconds are skipped (noted)
+  // The default run's limits (a row predicted over kRunBudgetSeconds is
+  // skipped, rows after kDefaultRunSeconds take one timed run) apply when
+  // contexts is empty, and always to the reference. A caller that must
+  // measure every candidate within its own budget (tune) turns them off.
+  bool default_run_limits = true;
 };
 
 struct Row {
