@@ -176,6 +176,13 @@ G3ATTN_API g3attn_status g3attn_options_set_kv_dtype(g3attn_options* options, g3
 /* The compute mode: f32, or bf16 (the inputs of every dot product rounded
  * to bf16, f32 accumulation; weights are packed as bf16). */
 G3ATTN_API g3attn_status g3attn_options_set_compute(g3attn_options* options, g3attn_dtype compute);
+/* Who runs the q/k/v and output projections: "highway" (g3attn's own
+ * GEMM), "onednn" (oneDNN's matmul) or "auto" (the default: per phase,
+ * decode-sized or prefill-sized calls, the provider a `g3attn tune` profile
+ * of this CPU measured faster, else the static rule of README "Compute
+ * modes"; `g3attn plan` prints the choice). G3ATTN_ERROR_NAME for other
+ * names. */
+G3ATTN_API g3attn_status g3attn_options_set_projections(g3attn_options* options, const char* provider);
 /* Threads of the context's pool: 0 = every core, 1 = the calling thread only. */
 G3ATTN_API g3attn_status g3attn_options_set_threads(g3attn_options* options, int threads);
 

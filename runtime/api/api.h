@@ -13,6 +13,7 @@
 #include "generator/catalogue.h"
 #include "generator/errors.h"
 #include "generator/kernel_key.h"
+#include "runtime/dispatch/onednn_route.h"
 #include "runtime/exec/block.h"
 #include "runtime/exec/head_range.h"
 #include "runtime/exec/kv_cache.h"
@@ -89,6 +90,7 @@ std::string backend_name(const std::string& name);
 struct Context {
   std::string backend, isa;
   DType kv_dtype = DType::F32, compute = DType::F32;
+  ProjectionRoute proj = ProjectionRoute::Auto;
   std::unique_ptr<ThreadPool> pool;
   // The pool of a call's thread count (g3attn.h "Threads and lifetimes").
   ThreadPool& pool_for(int threads);
@@ -132,6 +134,7 @@ struct g3attn_options {
   std::string backend = "auto";
   std::string isa;  // "" = $G3ATTN_ISA, else best
   g3::DType kv_dtype = g3::DType::F32, compute = g3::DType::F32;
+  g3::ProjectionRoute proj = g3::ProjectionRoute::Auto;
   int threads = 0;
 };
 struct g3attn_context {

@@ -127,7 +127,7 @@ g3attn_status create(const char* fn, g3attn_context* context, const g3attn_model
     L->context = ctx;
     L->full = full;
     L->range = r;
-    L->prepared = prepare_layer(spec, lw, ctx->kv_dtype, ctx->backend, ctx->isa, ctx->compute);
+    L->prepared = prepare_layer(spec, lw, ctx->kv_dtype, ctx->backend, ctx->isa, ctx->compute, ctx->proj);
     if (ctx->backend == "reference") L->reference_weights = std::make_shared<const LayerWeights>(std::move(lw));
     L->key = L->prepared.key.str();
     L->backend = L->prepared.kernels.backend;

@@ -180,6 +180,16 @@ g3attn_status g3attn_options_set_threads(g3attn_options* options, int threads) {
   });
 }
 
+g3attn_status g3attn_options_set_projections(g3attn_options* options, const char* provider) {
+  return guard("g3attn_options_set_projections", G3ATTN_ERROR_NAME, [&] {
+    g3attn_options& o = options_of(options);
+    const std::string name = need(provider, "provider");
+    if (name != "auto" && name != "highway" && name != "onednn")
+      fail(G3ATTN_ERROR_NAME, "unknown projection provider '" + name + "' (valid: auto, highway, onednn)");
+    o.proj = parse_projection_route(name);
+  });
+}
+
 g3attn_status g3attn_context_create(const g3attn_options* options, g3attn_context** out) {
   return guard("g3attn_context_create", G3ATTN_ERROR_NAME, [&] {
     need(out, "out");
@@ -191,6 +201,7 @@ g3attn_status g3attn_context_create(const g3attn_options* options, g3attn_contex
     c->isa = resolve_isa_name(o.isa);
     c->kv_dtype = o.kv_dtype;
     c->compute = o.compute;
+    c->proj = o.proj;
     c->pool = std::make_unique<ThreadPool>(o.threads);
     auto h = std::make_unique<g3attn_context>();
     h->s = std::move(c);

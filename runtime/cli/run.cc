@@ -10,6 +10,7 @@
 
 #include "generator/errors.h"
 #include "runtime/bench/peaks.h"
+#include "runtime/cli/api_run.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/run_report.h"
@@ -126,7 +127,8 @@ int cmd_run(int argc, char** argv, int first) {
   if (a.has("json") && !a.str("json").empty()) check_output_path(a.str("json"), "--json");
   std::cerr << "g3attn run: model " << r.config.name << ", attention stack only (the MLPs are not part of it), "
             << r.batch << " x (" << r.prompt << " prompt + " << r.decode << " decode) tokens\n";
-  RunResult res = run_model(r);
+  const ApiHandle<g3attn_model> model = api_model(a);
+  RunResult res = run_through_api(r, model.get());
   // The decode floor: the bytes a step must read at the DRAM read rate
   // measured now, on the run's threads (decode_traffic.h). Weights that fit
   // in the last-level cache can beat it.

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
+#include "runtime/cli/api_run.h"
 #include "runtime/cli/run_report.h"
 #include "runtime/tp/mpi_comm.h"
 #include "runtime/tp/tp_run.h"
@@ -127,7 +128,12 @@ int run_tp(const Args& a, RunRequest r, int argc, char** argv, int first) {
 
   TpRunResult res;
   try {
-    res = run_tensor_parallel(r, tp, *comm);
+    // Verify compares with the single-process run, through the C API as
+    // `g3attn run` without --tp runs it.
+    res = run_tensor_parallel(r, tp, *comm, [&a](const RunRequest& single) {
+      const ApiHandle<g3attn_model> model = api_model(a);
+      return run_through_api(single, model.get());
+    });
   } catch (const RankError& e) {
     say(e.what());
     return 2;

@@ -8,14 +8,8 @@
 #include "generator/errors.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
-#include "runtime/exec/model.h"
-#include "runtime/exec/run_driver.h"
-#include "runtime/io/checkpoint.h"
 
 namespace g3 {
-
-// ---------------------------------------------------------------------------
-// run_model
 
 void check_run_request(const RunRequest& r) {
   if (r.prompt < 1) throw InputError("--prompt must be at least 1");
@@ -55,42 +49,6 @@ ModelOptions model_options(const RunRequest& r) {
   o.chunk = std::min(r.chunk, r.prompt);
   o.threads = r.threads;
   return o;
-}
-
-RunResult run_model(const RunRequest& r) {
-  check_run_request(r);
-
-  RunResult res;
-  std::shared_ptr<Checkpoint> ck;
-  WeightSource ws;
-  if (!r.weights.empty()) {
-    ck = std::make_shared<Checkpoint>(open_checkpoint(r.weights, &r.config));
-    ws = [ck](const LayerSpec& s) { return ck->layer(s); };
-  } else {
-    const uint64_t seed = r.seed;
-    const DType wd = r.weight_dtype;
-    ws = [seed, wd](const LayerSpec& s) { return random_layer_weights(s, seed, wd); };
-  }
-  const ModelConfig& cfg = r.config;
-  const int64_t B = r.batch, L = r.prompt + r.decode;
-
-  const ModelOptions o = model_options(r);
-  Model m(cfg, ws, o);
-  res.config = cfg;
-  res.isa = o.isa;
-  res.threads = m.pool().size();
-  res.kv = kv_bytes(cfg, L, B, r.kv_dtype, o.chunk);
-  if (res.kv.ring != m.kv_bytes_allocated()) throw std::logic_error("kv_bytes accounting disagrees with the caches");
-  // Decode step i (from 0) sees prompt + i + 1 positions: the mean is
-  // prompt + (decode + 1) / 2. The weights as the layers hold them (bf16
-  // compute packs them as bf16 whatever the checkpoint holds).
-  res.decode_traffic = decode_traffic(cfg, m.layers().front().key.weight_dtype, r.kv_dtype, B,
-                                      r.prompt + (r.decode + 1) / 2);
-
-  const RunInputs in = run_inputs(r);
-  drive_run(m, r, in, o.chunk, res);
-  if (r.verify) verify_against_reference(r, ws, m.pool(), in, res);
-  return res;
 }
 
 }  // namespace g3

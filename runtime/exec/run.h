@@ -1,6 +1,8 @@
-// `g3attn run` as a library call: a model's attention stack on random or
-// checkpoint weights, prompt prefill in chunks then decode steps, timings,
-// KV memory and, with verify, the comparison with the reference stack.
+// What `g3attn run` is asked and what it reports: a model's attention stack
+// on random or checkpoint weights, prompt prefill in chunks then decode
+// steps, timings, KV memory and, with verify, the comparison with the
+// reference stack. run_driver.h drives a stack through it; the command runs
+// it through the C API (cli/api_run.h) or tensor-parallel (tp/tp_run.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -64,8 +66,7 @@ struct RunResult {
 // chunk is capped by the prompt); the tensor-parallel run starts from them.
 ModelOptions model_options(const RunRequest& r);
 
-RunResult run_model(const RunRequest& r);
-// Every check run_model makes before allocating anything: sizes, positions
+// Every check a run makes before allocating anything: sizes, positions
 // against max_position_embeddings, and memory (KV caches and weights must
 // fit this machine's RAM). Throws InputError; cheap, so callers may run it
 // before printing anything.

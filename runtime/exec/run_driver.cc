@@ -1,14 +1,37 @@
 #include "runtime/exec/run_driver.h"
 
 #include <cmath>
+#include <memory>
 #include <random>
 
+#include "runtime/io/checkpoint.h"
 #include "runtime/reference/reference_stack.h"
 
 namespace g3 {
 
 double run_clock_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+WeightSource run_weight_source(const RunRequest& r) {
+  if (!r.weights.empty()) {
+    auto ck = std::make_shared<const Checkpoint>(open_checkpoint(r.weights, &r.config));
+    return [ck](const LayerSpec& s) { return ck->layer(s); };
+  }
+  const uint64_t seed = r.seed;
+  const DType wd = r.weight_dtype;
+  return [seed, wd](const LayerSpec& s) { return random_layer_weights(s, seed, wd); };
+}
+
+RunLayer run_layer_route(const PreparedLayer& P) {
+  RunLayer rl;
+  rl.index = P.spec.index;
+  rl.kind = P.spec.kind;
+  rl.key = P.key.str();
+  rl.backend = P.kernels.backend;
+  rl.isa = P.kernels.kernels.isa;
+  rl.specialised = P.kernels.kernels.specialised;
+  return rl;
 }
 
 RunInputs run_inputs(const RunRequest& r) {

@@ -1,5 +1,7 @@
-// How `g3attn run` drives a stack, written once for every stack with
-// Model's interface (exec/model.h; tp/'s ShardedStack has the same one):
+// How `g3attn run` drives a stack, written once for both of its stacks
+// (the C API's layers in cli/api_run.cc, tp/'s ShardedStack), which offer
+// num_layers(), route(l) (a RunLayer with the routing fields set),
+// forward(), layer_ms() and on_layer as Model (exec/model.h) does:
 // the inputs drawn from the seed, the prompt in chunks, decode steps of one
 // token a row, the timings and per-layer split, and --verify's comparison
 // with the scalar reference stack.
@@ -10,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "runtime/exec/block.h"
 #include "runtime/exec/run.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/io/layer_weights.h"
@@ -32,6 +35,14 @@ struct RunInputs {
 };
 RunInputs run_inputs(const RunRequest& r);
 
+// Where the run's weights come from: the checkpoint r.weights names, or
+// random weights drawn from r.seed in r.weight_dtype.
+WeightSource run_weight_source(const RunRequest& r);
+
+// The routing fields of a RunLayer (index, kind, key, backend, ISA) for a
+// prepared layer.
+RunLayer run_layer_route(const PreparedLayer& P);
+
 // Runs the scalar reference stack (the official full-length caches) on the
 // run's inputs and fills res.max_abs_diff* and verify_s against
 // res.final_hidden (NaN counts as an infinite difference).
@@ -44,7 +55,7 @@ void verify_against_reference(const RunRequest& r, const WeightSource& ws, Threa
 template <class Stack>
 void drive_run(Stack& stack, const RunRequest& r, const RunInputs& in, int64_t chunk, RunResult& res,
                const std::function<void()>& after_prefill = {}) {
-  const int64_t nl = int64_t(stack.layers().size());
+  const int64_t nl = stack.num_layers();
   res.final_hidden.assign(size_t(in.B * in.L * in.D), 0.f);
   auto step = [&](int64_t t0, int64_t n) {
     const std::vector<float> xs = in.x_block(t0, n);
@@ -74,14 +85,7 @@ void drive_run(Stack& stack, const RunRequest& r, const RunInputs& in, int64_t c
   res.prefill_tokens_per_s = double(in.B * r.prompt) / std::max(res.prefill_s, 1e-9);
   res.decode_ms_per_token = r.decode > 0 ? res.decode_s * 1000 / double(r.decode) : 0;
   for (int64_t l = 0; l < nl; ++l) {
-    const auto& P = stack.layers()[size_t(l)];
-    RunLayer rl;
-    rl.index = int(l);
-    rl.kind = P.spec.kind;
-    rl.key = P.key.str();
-    rl.backend = P.kernels.backend;
-    rl.isa = P.kernels.kernels.isa;
-    rl.specialised = P.kernels.kernels.specialised;
+    RunLayer rl = stack.route(l);
     rl.prefill_ms = prefill_ms[size_t(l)];
     rl.decode_ms = stack.layer_ms()[size_t(l)] - prefill_ms[size_t(l)];
     (rl.kind == LayerKind::Local ? res.local_ms : res.global_ms) += rl.prefill_ms + rl.decode_ms;

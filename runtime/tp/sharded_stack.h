@@ -17,6 +17,7 @@
 #include "runtime/exec/head_range.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/exec/model.h"
+#include "runtime/exec/run_driver.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/tp/comm.h"
 
@@ -31,6 +32,9 @@ class ShardedStack {
   ShardedStack(const ModelConfig& cfg, const RangeWeightSource& weights, const ModelOptions& o, Comm& comm);
 
   const std::vector<PreparedLayer>& layers() const { return layers_; }
+  // What run_driver.h asks of a stack.
+  int64_t num_layers() const { return int64_t(layers_.size()); }
+  RunLayer route(int64_t l) const { return run_layer_route(layers_[size_t(l)]); }
   HeadRange range() const { return range_; }
   ThreadPool& pool() { return *pool_; }
   uint64_t kv_bytes_allocated() const;

@@ -38,7 +38,7 @@ void check_tp_request(const RunRequest& r, int tp, const Comm& comm) {
                      " g3attn run --tp " + std::to_string(tp) + " ...)");
 }
 
-TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
+TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const SingleRun& single_run) {
   check_run_request(r);
   check_tp_request(r, tp, comm);
   const ModelConfig& cfg = r.config;
@@ -50,7 +50,6 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   // (the draw is what a single process makes, so both runs see one model)
   // and cut to the range.
   std::shared_ptr<Checkpoint> ck;
-  WeightSource full_ws;
   RangeWeightSource range_ws;
   ModelOptions o = model_options(r);
   // Ranks on one machine share its cores: each takes its share by default.
@@ -61,12 +60,10 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   try {
     if (!r.weights.empty()) {
       ck = std::make_shared<Checkpoint>(open_checkpoint(r.weights, &r.config));
-      full_ws = [ck](const LayerSpec& s) { return ck->layer(s); };
       range_ws = [ck](const LayerSpec& s, HeadRange h) { return load_head_range_weights(ck->source, s, h); };
     } else {
       const uint64_t seed = r.seed;
       const DType wd = r.weight_dtype;
-      full_ws = [seed, wd](const LayerSpec& s) { return random_layer_weights(s, seed, wd); };
       range_ws = [seed, wd](const LayerSpec& s, HeadRange h) {
         return slice_head_range(random_layer_weights(s, seed, wd), s, h);
       };
@@ -95,8 +92,8 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
   res.kv_single_process = kv_bytes(cfg, L, B, r.kv_dtype, chunk).ring;
   res.allreduce_bytes_per_token = uint64_t(nl) * uint64_t(D) * sizeof(float);
 
-  // The inputs and the drive are run_model's (run_driver.h), so the verify
-  // step's comparison with the single-process run sees the same draw.
+  // The inputs and the drive are the single-process run's (run_driver.h),
+  // so the verify step's comparison with it sees the same draw.
   const RunInputs in = run_inputs(r);
   double prefill_comm_ms = 0;
   drive_run(*stack, r, in, chunk, run, [&] { prefill_comm_ms = stack->comm_ms(); });
@@ -132,12 +129,12 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm) {
       RunRequest single = r;
       single.verify = false;
       single.progress = stage("single");
-      const RunResult one = run_model(single);
+      const RunResult one = single_run(single);
       res.max_abs_diff_single = max_diff(run.final_hidden, one.final_hidden, 0, run.final_hidden.size());
 
-      // The scalar reference, exactly as run_model's verify runs it.
+      // The scalar reference, exactly as the single-process verify runs it.
       ThreadPool pool(single.threads);
-      verify_against_reference(r, full_ws, pool, in, run);
+      verify_against_reference(r, run_weight_source(r), pool, in, run);
       run.verify_s = (run_clock_ms() - t0) / 1000;
     } catch (...) {
       err = std::current_exception();

@@ -7,6 +7,7 @@
 // (the comparison `run --verify` makes) while the other ranks wait idle.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "generator/errors.h"
@@ -57,7 +58,9 @@ void check_tp_request(const RunRequest& r, int tp, const Comm& comm);
 // alike (the request, the cache checks) are InputErrors thrown on every
 // rank; a failure on some ranks only while loading weights is agreed on
 // (Comm::all_ok) and thrown everywhere, the failing rank's message on that
-// rank, a note on the others.
-TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm);
+// rank, a note on the others. `single_run` is the single-process run that
+// verify compares with (the command's: cli/api_run.h).
+using SingleRun = std::function<RunResult(const RunRequest&)>;
+TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const SingleRun& single_run);
 
 }  // namespace g3

@@ -167,6 +167,12 @@ TEST_CASE("options and contexts") {
   API_FAILS(g3attn_options_set_threads(o, -1), G3ATTN_ERROR_ARGUMENT, "threads = -1");
   API_FAILS(g3attn_options_set_threads(o, 5000), G3ATTN_ERROR_ARGUMENT, "threads = 5000");
   API_FAILS(g3attn_options_set_threads(nullptr, 1), G3ATTN_ERROR_NULL, "options");
+  API_FAILS(g3attn_options_set_projections(o, "mkl"), G3ATTN_ERROR_NAME, "mkl");
+  API_FAILS(g3attn_options_set_projections(o, "OneDNN"), G3ATTN_ERROR_NAME, "valid: auto, highway, onednn");
+  API_FAILS(g3attn_options_set_projections(o, nullptr), G3ATTN_ERROR_NULL, "provider");
+  API_FAILS(g3attn_options_set_projections(nullptr, "auto"), G3ATTN_ERROR_NULL, "options");
+  for (const char* p : {"auto", "highway", "onednn"}) API_OK(g3attn_options_set_projections(o, p));
+  API_OK(g3attn_options_set_projections(o, "auto"));
   g3attn_options_free(nullptr);
 
   // Refused settings changed nothing: the context has the defaults.

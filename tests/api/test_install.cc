@@ -37,7 +37,7 @@ const char* kApi[] = {
     "g3attn_model_builtin", "g3attn_model_from_json", "g3attn_model_load", "g3attn_model_free",
     "g3attn_model_get_info", "g3attn_model_layer", "g3attn_model_layer_key", "g3attn_options_create",
     "g3attn_options_free", "g3attn_options_set_backend", "g3attn_options_set_isa", "g3attn_options_set_kv_dtype",
-    "g3attn_options_set_compute", "g3attn_options_set_threads", "g3attn_context_create", "g3attn_context_free",
+    "g3attn_options_set_compute", "g3attn_options_set_projections", "g3attn_options_set_threads", "g3attn_context_create", "g3attn_context_free",
     "g3attn_context_get_info", "g3attn_weights_open", "g3attn_model_from_weights", "g3attn_weights_random",
     "g3attn_weights_from_tensors", "g3attn_weights_free", "g3attn_weights_read", "g3attn_layer_create",
     "g3attn_layer_create_heads", "g3attn_layer_free", "g3attn_layer_describe", "g3attn_cache_slots",

@@ -267,7 +267,7 @@ TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static 
     }
   }
   SECTION("corrupt") {
-    for (const std::string text : {std::string("{not json"), std::string("{\"format\": 1}"),
+    for (const std::string& text : {std::string("{not json"), std::string("{\"format\": 1}"),
                                    std::string("{\"format\": 7, \"entries\": []}")}) {
       g3test::write_text(path, text);
       const g3test::CmdResult r =

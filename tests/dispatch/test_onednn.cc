@@ -20,6 +20,7 @@
 // Where this CPU has no AMX (or Linux refuses the tiles), oneDNN runs bf16
 // on AVX512_BF16 or AVX-512; the AMX-specific check says it is skipped.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -496,4 +497,35 @@ TEST_CASE("the block with its projections on onednn equals the reference block",
       }
     }
   }
+}
+
+TEST_CASE("g3attn run --proj onednn: the whole stack through the C API agrees with the reference", "[onednn][cli]") {
+  // The run command builds its stack through the C API, so --proj reaches
+  // the layers through g3attn_options_set_projections. f32 compute: the run
+  // suite's bound (1e-3 over 18 layers of outputs of size about 1-4). bf16
+  // compute: over 18 layers the bf16 roundings of the kernels (f32 sums)
+  // and of the reference (double sums) part ways now and then, by one bf16
+  // step (2^-8 relative) each time, which the residual stream carries on
+  // (measured 0.04-0.05 on either provider); so oneDNN's run must stay as
+  // close to the bf16 reference as Highway's run of the same stack, within
+  // half again, and below 0.1 absolutely.
+  auto verify = [](const char* proj, const char* compute) {
+    g3test::TempDir dir;
+    auto r = g3test::run_g3attn({"run", "--model", "270m", "--prompt", "40", "--decode", "3", "--chunk", "16",
+                                 "--threads", "2", "--proj", proj, "--compute", compute, "--verify", "--json",
+                                 dir.file("run.json")});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(g3test::read_text(dir.file("run.json")));
+    const double diff = j["verify"]["max_abs_diff"].get<double>();
+    std::printf("run --proj %s --compute %s: max |diff| vs reference = %.3g\n", proj, compute, diff);
+    return diff;
+  };
+  CHECK(verify("onednn", "f32") <= 1e-3);
+  const double onednn = verify("onednn", "bf16"), highway = verify("highway", "bf16");
+  CHECK(onednn <= 1.5 * highway + 1e-3);
+  CHECK(onednn <= 0.1);
+  auto bad = g3test::run_g3attn({"run", "--model", "270m", "--proj", "mkl"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--proj") != std::string::npos);
 }
