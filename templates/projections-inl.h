@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "bf16-inl.h"
@@ -313,6 +314,14 @@ HWY_NOINLINE void GemvRows(const g3_gemm_args& g, size_t m0) {
   constexpr size_t kCols = kVPS * kLanes;
   static_assert(!kBF16 || kVPS % 2 == 0, "bf16 weights are widened two vectors at a time");
   const size_t K = static_cast<size_t>(g.K);
+  constexpr size_t kWBytes = kBF16 ? 2 : 4;
+  // Panel rows per 64-byte line, and how far ahead to prefetch (in rows).
+  constexpr size_t kRowsPerLine = std::max<size_t>(1, 64 / (G3_PANEL * kWBytes));
+  constexpr size_t kLinesPerRow = std::max<size_t>(1, G3_PANEL * kWBytes / 64);
+  #ifndef PREFETCH_ROWS_X
+#define PREFETCH_ROWS_X 384
+#endif
+  constexpr size_t kPrefetchRows = PREFETCH_ROWS_X;
   const size_t p_begin = static_cast<size_t>(g.n_begin) / G3_PANEL;
   const size_t p_end = (static_cast<size_t>(g.n_end) + G3_PANEL - 1) / G3_PANEL;
   const float* HWY_RESTRICT ar[R];
@@ -340,6 +349,13 @@ HWY_NOINLINE void GemvRows(const g3_gemm_args& g, size_t m0) {
       // u16 -> u32 widening (a cross-lane shuffle per vector) this made the
       // AVX-512 bf16 GEMV from cache about 1.5x faster.
       auto step = [&](size_t kk, size_t u) HWY_ATTR {
+        // A GEMV reads every weight once, so it runs at the memory's pace:
+        // ask for the panel's rows kPrefetchRows ahead (past its end, the
+        // next panel, which the next slice or item usually reads).
+        if (kk % kRowsPerLine == 0) {
+          const uint8_t* ahead = reinterpret_cast<const uint8_t*>(g.w) + (off + (kk + kPrefetchRows) * G3_PANEL) * kWBytes;
+          for (size_t l = 0; l < kLinesPerRow; ++l) hwy::Prefetch(ahead + 64 * l);
+        }
         V w[kVPS];
         if constexpr (kBF16) {
           const hn::RebindToUnsigned<DF> du32;

@@ -278,49 +278,98 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
     ca.compute = contract_compute(L.key);
     return ca;
   };
-  // Slots row b's queries t0..t1-1 may see: on a full-length buffer slots are
-  // in position order, so scanning stops after the last key position <= the
-  // tile's largest query position (the causal tile skip); a ring is scanned
-  // whole (it is at most W + C - 1 slots).
-  auto scan_end = [&](int64_t b, int64_t t0, int64_t t1) -> int64_t {
+  // The slots row b's queries t0..t1-1 may see, as at most two spans of
+  // slot indices; the mask (SPEC 1.4) decides within them.
+  //  - Full length: slots are in position order, so a span starts at the
+  //    first position a query of the tile may see (the window on local
+  //    layers) and ends after the last one <= the tile's largest query
+  //    position (the causal tile skip).
+  //  - Ring: the newest min(used, W - 1 + T) slots. Positions rise with
+  //    every real token written, so a query at p, which sees positions
+  //    above p - W, sees at most W - 1 tokens written before this call plus
+  //    this call's T, all among the newest; older slots hold only keys
+  //    outside every window. Where they wrap around the ring's end they are
+  //    two spans.
+  struct Spans {
+    int n = 0;
+    int64_t s0[2] = {0, 0}, s1[2] = {0, 0};
+  };
+  auto spans = [&](int64_t b, int64_t t0, int64_t t1) -> Spans {
+    Spans sp_;
     const int64_t used = cache.used(b);
-    if (cache.is_ring()) return used;
-    int32_t qmax = positions[b * T + t0];
-    for (int64_t t = t0 + 1; t < t1; ++t) qmax = std::max(qmax, positions[b * T + t]);
+    if (used == 0) return sp_;
+    if (cache.is_ring()) {
+      const int64_t n = std::min(used, int64_t(s.window) - 1 + T), end = cache.written(b) % cap;
+      if (end == 0 || end >= n) {
+        const int64_t e = end == 0 ? used : end;
+        sp_ = {1, {e - n, 0}, {e, 0}};
+      } else {
+        sp_ = {2, {cap - (n - end), 0}, {cap, end}};
+      }
+      return sp_;
+    }
+    const int32_t* pt = positions + b * T;
+    int32_t qmin = pt[t0], qmax = pt[t0];
+    for (int64_t t = t0 + 1; t < t1; ++t) {
+      qmin = std::min(qmin, pt[t]);
+      qmax = std::max(qmax, pt[t]);
+    }
     const int32_t* kp = cache.kpos(b);
-    return std::upper_bound(kp, kp + used, qmax) - kp;
+    const int64_t e = std::upper_bound(kp, kp + used, qmax) - kp;
+    int64_t b0 = 0;
+    if (s.window > 0) b0 = std::lower_bound(kp, kp + e, int64_t(qmin) - s.window + 1) - kp;
+    if (b0 < e) sp_ = {1, {b0, 0}, {e, 0}};
+    return sp_;
   };
 
-  bool split_kv = false;
-  int64_t max_scan = 0;
-  if (T <= sp.decode_max_tokens) {
-    for (int64_t b = 0; b < B; ++b) max_scan = std::max(max_scan, scan_end(b, 0, T));
-    split_kv = max_scan > sp.kv_chunk;
-  }
-  if (!split_kv) {
+  // Decode-sized calls cut each span into chunks of at most kv_chunk slots
+  // that run in parallel (the cut depends on the cache, not on the thread
+  // count, so results do not either).
+  auto chunks_of = [&](const Spans& v) {
+    int64_t n = 0;
+    for (int i = 0; i < v.n; ++i) n += (v.s1[i] - v.s0[i] + sp.kv_chunk - 1) / sp.kv_chunk;
+    return n;
+  };
+  int64_t nch = 0;
+  if (T <= sp.decode_max_tokens)
+    for (int64_t b = 0; b < B; ++b) nch = std::max(nch, chunks_of(spans(b, 0, T)));
+  if (nch <= 1) {
     const int64_t qt = sp.query_tile, nqt = (T + qt - 1) / qt;
     pool.parallel_for(B * K * nqt, [&](int64_t i) {
       const int64_t b = i / (K * nqt), j = (i / nqt) % K, t0 = (i % nqt) * qt, t1 = std::min(T, t0 + qt);
       float* out = S.enc.data() + (b * T + t0) * N * H + j * G * H;
-      const int64_t s_end = scan_end(b, t0, t1);
-      if (s_end == 0) {  // nothing visible (a tile of leading padding): zeros, like the kernels
+      const Spans v = spans(b, t0, t1);
+      if (v.n == 0) {  // nothing visible (a tile of leading padding): zeros, like the kernels
         for (int64_t t = t0; t < t1; ++t) std::fill(out + (t - t0) * N * H, out + (t - t0) * N * H + G * H, 0.f);
         return;
       }
-      g3_core_args ca = core_args(b, j, t0, t1, 0, s_end, out, N * H, nullptr);
+      // A wrapped ring's two spans: the whole ring in one call (the kernels
+      // take slots in any order).
+      const int64_t s0 = v.n == 1 ? v.s0[0] : 0, s1 = v.n == 1 ? v.s1[0] : cache.used(b);
+      g3_core_args ca = core_args(b, j, t0, t1, s0, s1, out, N * H, nullptr);
       k.core(&ca);
     });
   } else {
-    // Long decode: each KV head's slots are cut into fixed chunks that run in
-    // parallel, each returning its normalised output and log-sum-exp; then
+    // Each KV head's chunks run in parallel, each returning its normalised
+    // output and log-sum-exp; then
     //   o = sum_c exp(lse_c - m) o_c / sum_c exp(lse_c - m),  m = max_c lse_c.
-    const int64_t nch = (max_scan + sp.kv_chunk - 1) / sp.kv_chunk;
     const int64_t per = T * G * H;  // one (b, j, chunk) partial output
     grow(S.part_out, size_t(B * K * nch * per));
     grow(S.part_lse, size_t(B * K * nch * T * G));
     pool.parallel_for(B * K * nch, [&](int64_t i) {
-      const int64_t b = i / (K * nch), j = (i / nch) % K, c = i % nch;
-      const int64_t s_end = scan_end(b, 0, T), s0 = c * sp.kv_chunk, s1 = std::min(s_end, s0 + sp.kv_chunk);
+      const int64_t b = i / (K * nch), j = (i / nch) % K;
+      // Chunk c of row b: the c-th kv_chunk piece of its spans in order.
+      const Spans v = spans(b, 0, T);
+      int64_t c = i % nch, s0 = 0, s1 = 0;
+      for (int e = 0; e < v.n; ++e) {
+        const int64_t pieces = (v.s1[e] - v.s0[e] + sp.kv_chunk - 1) / sp.kv_chunk;
+        if (c < pieces) {
+          s0 = v.s0[e] + c * sp.kv_chunk;
+          s1 = std::min(v.s1[e], s0 + sp.kv_chunk);
+          break;
+        }
+        c -= pieces;
+      }
       float* out = S.part_out.data() + i * per;
       float* lse = S.part_lse.data() + i * T * G;
       if (s0 >= s1) {

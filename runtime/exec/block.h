@@ -75,7 +75,7 @@ struct BlockSplit {
   int64_t col_panels = 4;          // GEMM output columns per item, in G3_PANEL units
   int64_t token_block = 32;        // rows per rmsnorm / qk item
   int64_t query_tile = 64;         // query tokens per attention-core item
-  int64_t kv_chunk = 512;          // decode: slots per core item, merged by lse
+  int64_t kv_chunk = 256;          // decode: slots per core item, merged by lse
   int64_t decode_max_tokens = 8;   // calls with at most this many tokens split KV
 };
 
