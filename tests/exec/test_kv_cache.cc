@@ -188,7 +188,7 @@ TEST_CASE("ring caches equal the official full-length layout through chunked pre
 
 TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[kv][decode]") {
   // 600 prompt positions: the global layer's decode scans more than one KV
-  // chunk (512 slots), so the lse merge runs.
+  // chunk (BlockSplit::kv_chunk slots), so the lse merge runs.
   ModelConfig cfg = g3test::tiny_model({LayerKind::Global, LayerKind::Local}, 8);
   Layout lay;
   lay.lengths = {600};
@@ -198,6 +198,15 @@ TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[
   CHECK(d <= 2e-4);
   d = compare(cfg, lay, 128, 3, "auto", "best", DType::F32, 5);
   CHECK(d <= 2e-4);
+  // 100 positions with chunk 128: the local layer's cache is full length
+  // (W + chunk - 1 > the context), so its scan starts at the window.
+  lay.lengths = {100};
+  lay.Lpad = 100;
+  for (const char* backend : {"reference", "auto"}) {
+    d = compare(cfg, lay, 128, 3, backend, std::string(backend) == "reference" ? "scalar" : "best", DType::F32, 6);
+    INFO(backend << " full-length local, max diff " << d);
+    CHECK(d <= 2e-4);
+  }
 }
 
 TEST_CASE("right-padded batch with position gaps matches the official sampler layout", "[kv][batch]") {
