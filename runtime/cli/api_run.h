@@ -6,7 +6,7 @@
 #pragma once
 #include <g3attn/g3attn.h>
 
-#include "runtime/cli/api_call.h"
+#include "runtime/api/api_call.h"
 #include "runtime/cli/args.h"
 #include "runtime/exec/run.h"
 

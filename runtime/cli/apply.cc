@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
-#include "runtime/cli/api_call.h"
+#include "runtime/api/api_call.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/exec/apply.h"
@@ -73,8 +73,8 @@ int cmd_apply(int argc, char** argv, int first) {
   ApiHandle<g3attn_options> options(o);
   api_check(g3attn_options_set_backend(o, in.backend.c_str()));
   api_check(g3attn_options_set_isa(o, in.isa.c_str()));
-  api_check(g3attn_options_set_kv_dtype(o, r.kv_dtype == DType::BF16 ? G3ATTN_BF16 : G3ATTN_F32));
-  api_check(g3attn_options_set_compute(o, r.compute == DType::BF16 ? G3ATTN_BF16 : G3ATTN_F32));
+  api_check(g3attn_options_set_kv_dtype(o, api_dtype(r.kv_dtype)));
+  api_check(g3attn_options_set_compute(o, api_dtype(r.compute)));
   api_check(g3attn_options_set_threads(o, 1));
   g3attn_context* c = nullptr;
   api_check(g3attn_context_create(o, &c));

@@ -128,10 +128,11 @@ int run_tp(const Args& a, RunRequest r, int argc, char** argv, int first) {
 
   TpRunResult res;
   try {
-    // Verify compares with the single-process run, through the C API as
-    // `g3attn run` without --tp runs it.
-    res = run_tensor_parallel(r, tp, *comm, [&a](const RunRequest& single) {
-      const ApiHandle<g3attn_model> model = api_model(a);
+    // The API's model of the arguments, for the sharded layers and for the
+    // single-process run verify compares with (through the C API as `g3attn
+    // run` without --tp runs it).
+    const ApiHandle<g3attn_model> model = api_model(a);
+    res = run_tensor_parallel(r, model.get(), tp, *comm, [&model](const RunRequest& single) {
       return run_through_api(single, model.get());
     });
   } catch (const RankError& e) {

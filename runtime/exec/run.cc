@@ -37,18 +37,4 @@ void check_run_request(const RunRequest& r) {
                      std::to_string(int64_t(ram / double(1 << 30))) + " GiB of RAM (lower --prompt, --batch)");
 }
 
-ModelOptions model_options(const RunRequest& r) {
-  ModelOptions o;
-  o.backend = parse_backend(r.backend);
-  o.isa = isa_from_flag(r.isa);
-  o.kv_dtype = r.kv_dtype;
-  o.compute = r.compute;
-  o.proj = r.proj;
-  o.batch = r.batch;
-  o.context = r.prompt + r.decode;
-  o.chunk = std::min(r.chunk, r.prompt);
-  o.threads = r.threads;
-  return o;
-}
-
 }  // namespace g3

@@ -2,7 +2,8 @@
 // on random or checkpoint weights, prompt prefill in chunks then decode
 // steps, timings, KV memory and, with verify, the comparison with the
 // reference stack. run_driver.h drives a stack through it; the command runs
-// it through the C API (cli/api_run.h) or tensor-parallel (tp/tp_run.h).
+// it through the C API, in one process (cli/api_run.h) or tensor-parallel
+// (tp/tp_run.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,7 +15,6 @@
 #include "runtime/dispatch/onednn_route.h"
 #include "runtime/exec/decode_traffic.h"
 #include "runtime/exec/kv_cache.h"
-#include "runtime/exec/model.h"
 
 namespace g3 {
 
@@ -61,10 +61,6 @@ struct RunResult {
   double max_abs_diff = 0, max_abs_diff_prefill = 0, max_abs_diff_decode = 0;
   std::vector<float> final_hidden;  // [B][prompt + decode][D] of the last layer
 };
-
-// The stack options a request asks for (backend and ISA resolved; the
-// chunk is capped by the prompt); the tensor-parallel run starts from them.
-ModelOptions model_options(const RunRequest& r);
 
 // Every check a run makes before allocating anything: sizes, positions
 // against max_position_embeddings, and memory (KV caches and weights must

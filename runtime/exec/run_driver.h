@@ -1,5 +1,6 @@
 // How `g3attn run` drives a stack, written once for both of its stacks
-// (the C API's layers in cli/api_run.cc, tp/'s ShardedStack), which offer
+// (both on the C API's layers: whole in cli/api_run.cc, one KV-head range
+// per rank in tp/'s ShardedStack), which offer
 // num_layers(), route(l) (a RunLayer with the routing fields set),
 // forward(), layer_ms() and on_layer as Model (exec/model.h) does:
 // the inputs drawn from the seed, the prompt in chunks, decode steps of one

@@ -1,99 +1,78 @@
 #include "runtime/tp/sharded_stack.h"
 
 #include <algorithm>
-#include <chrono>
+#include <string>
 
 #include "generator/errors.h"
-#include "runtime/dispatch/isa.h"
+#include "runtime/exec/run_driver.h"
 #include "runtime/tp/shard_plan.h"
 
 namespace g3 {
 
 namespace {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+// The KV heads of this rank: every layer has the model's Nkv, so one split
+// serves them all.
+HeadRange rank_range(const ModelConfig& cfg, const Comm& comm) {
+  check_tp_degree(cfg, comm.size());
+  return even_head_ranges(layer_spec(cfg, 0), comm.size())[size_t(comm.rank())];
 }
 
 }  // namespace
 
-ShardedStack::ShardedStack(const ModelConfig& cfg, const RangeWeightSource& weights, const ModelOptions& o,
+ShardedStack::ShardedStack(const RunRequest& r, g3attn_context* context, const g3attn_model* model, int64_t chunk,
                            Comm& comm)
-    : cfg_(cfg), opt_(o), comm_(comm) {
-  check_tp_degree(cfg, comm.size());
-  if (o.batch < 1) throw InputError("--batch must be at least 1");
-  if (o.context < 1) throw InputError("the context must be at least 1 position");
-  if (o.chunk < 1) throw InputError("--chunk must be at least 1");
-  opt_.chunk = std::min(o.chunk, o.context);
-  opt_.isa = resolve_isa(o.isa);
-  pool_ = std::make_unique<ThreadPool>(o.threads);
-  const std::vector<LayerSpec> specs = layer_specs(cfg);
-  // Every layer has the model's Nkv, so one split serves them all.
-  range_ = even_head_ranges(specs.front(), comm.size())[size_t(comm.rank())];
-  layers_.resize(specs.size());
-  pool_->parallel_for(int64_t(specs.size()), [&](int64_t i) {
-    const LayerSpec& full = specs[size_t(i)];
-    layers_[size_t(i)] = prepare_layer(head_range_spec(full, range_), weights(full, range_), opt_.kv_dtype,
-                                       opt_.backend, opt_.isa, opt_.compute, opt_.proj);
-  });
-  for (const LayerSpec& s : specs)
-    caches_.emplace_back(head_range_spec(s, range_), opt_.kv_dtype, opt_.batch, opt_.context, opt_.chunk);
-  layer_ms_.assign(specs.size(), 0.0);
-}
-
-uint64_t ShardedStack::kv_bytes_allocated() const {
-  uint64_t n = 0;
-  for (const auto& c : caches_) n += c.bytes();
-  return n;
+    : B_(r.batch),
+      D_(r.config.hidden_size),
+      chunk_(chunk),
+      comm_(comm),
+      range_(rank_range(r.config, comm)),
+      layers_(r, context, model, chunk, range_) {
+  layer_ms_.assign(size_t(layers_.size()), 0.0);
 }
 
 void ShardedStack::forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y) {
-  const int64_t B = opt_.batch, D = cfg_.hidden_size;
-  // All or nothing, as Model::forward: every cache checks the whole call
-  // first. The checks depend only on the arguments, which every rank shares,
-  // so a refusal happens on every rank before any collective call.
-  for (const LayerKvCache& c : caches_)
-    for (int64_t b = 0; b < B; ++b)
-      c.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, opt_.chunk);
-  const BlockSplit split;
-  for (int64_t t0 = 0; t0 < T; t0 += opt_.chunk) {
-    const int64_t Tc = std::min(opt_.chunk, T - t0), R = B * Tc;
-    cur_.resize(size_t(R * D));
-    nxt_.resize(size_t(R * D));
-    pos_.resize(size_t(R));
-    real_.resize(size_t(R));
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy_n(x + (b * T + t0) * D, Tc * D, cur_.data() + b * Tc * D);
-      std::copy_n(positions + b * T + t0, Tc, pos_.data() + b * Tc);
-      if (real) std::copy_n(real + b * T + t0, Tc, real_.data() + b * Tc);
-    }
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const PreparedLayer& L = layers_[l];
-      const double t = now_ms();
-      // The range's block up to its output projection: its share of the
-      // layer's attention output lands in scratch_.a [R][D].
-      run_block_cached(L, caches_[l], cur_.data(), pos_.data(), real ? real_.data() : nullptr, B, Tc, nullptr,
-                       *pool_, scratch_, split);
-      const double tc = now_ms();
-      comm_.allreduce_sum(scratch_.a.data(), R * D);
-      comm_ms_ += now_ms() - tc;
-      reduced_floats_ += uint64_t(R * D);
-      // Post-norm and residual on the sum, with the block's own norm kernel
-      // and token blocks, as run_block_cached applies them unsharded.
-      const g3_kernel_table& k = L.for_tokens(Tc, split.decode_max_tokens).kernels.table;
-      const int64_t tb = split.token_block, ntb = (R + tb - 1) / tb;
-      const float eps = L.spec.rms_eps;
-      pool_->parallel_for(ntb, [&](int64_t i) {
-        const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
-        k.rmsnorm(scratch_.a.data() + r0 * D, r1 - r0, D, D, L.post_norm.data(), eps, cur_.data() + r0 * D,
-                  nxt_.data() + r0 * D, D);
-      });
-      cur_.swap(nxt_);
-      layer_ms_[l] += now_ms() - t;
-      if (on_layer) on_layer(int(l), Tc);
-    }
-    for (int64_t b = 0; b < B; ++b) std::copy_n(cur_.data() + b * Tc * D, Tc * D, y + (b * T + t0) * D);
+  if (T < 1) return;
+  // All or nothing: a refused call leaves every cache as it was, and it is
+  // refused on every rank before any collective call. Each g3attn_attention
+  // checks only its own cache, so this rests on layer 0's call refusing
+  // whatever a later layer's would refuse. Every layer's cache has taken the
+  // same calls since it was made (a refused call changes none, and any other
+  // failure ends the run), so the checks that read the positions and the
+  // context give every layer layer 0's answer; the one check that differs
+  // between layers, a ring's limit of `chunk` real tokens per call (a
+  // full-length cache has none), cannot fail on a call of at most `chunk`
+  // tokens. Hence the bound here rather than cutting a longer call into
+  // chunks: a piece refused after earlier pieces ran would leave those
+  // cached. The checks read only the arguments, which every rank shares, so
+  // every rank refuses alike.
+  if (T > chunk_)
+    throw InputError("a sharded stack call of " + std::to_string(T) +
+                     " tokens per row is longer than the chunk of " + std::to_string(chunk_) +
+                     " its caches were made for");
+  const int64_t R = B_ * T, n = R * D_;
+  cur_.assign(x, x + n);
+  part_.resize(size_t(n));
+  nxt_.resize(size_t(n));
+  for (int64_t l = 0; l < layers_.size(); ++l) {
+    const double t = run_clock_ms();
+    // The range's share of the layer's attention output, on the context's
+    // pool.
+    api_check(g3attn_attention(layers_.layer(l), layers_.cache(l), cur_.data(), positions, real, B_, T,
+                               part_.data(), 0));
+    const double tc = run_clock_ms();
+    comm_.allreduce_sum(part_.data(), n);
+    comm_ms_ += run_clock_ms() - tc;
+    reduced_floats_ += uint64_t(n);
+    // The post-norm and the residual on the sum: any range of a layer gives
+    // the whole layer's result (g3attn.h), so every rank computes the same
+    // hidden state.
+    api_check(g3attn_finish(layers_.layer(l), cur_.data(), part_.data(), R, nxt_.data(), 0));
+    cur_.swap(nxt_);
+    layer_ms_[size_t(l)] += run_clock_ms() - t;
+    if (on_layer) on_layer(int(l), T);
   }
+  std::copy(cur_.begin(), cur_.end(), y);
 }
 
 }  // namespace g3

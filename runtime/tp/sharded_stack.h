@@ -1,48 +1,48 @@
-// One rank's part of a tensor-parallel attention stack: in every layer the
-// rank's KV head range (head_range.h) with its query groups, its slice of
-// the projection weights and only those heads' KV caches. Each layer runs
-// the range's block up to its partial output projection, the ranks sum the
-// partials (Comm::allreduce_sum), and every rank then applies the post-norm
-// and the residual to the sum (SPEC 1.2 steps 3-4), so every rank carries
-// the same hidden state into the next layer. Model (exec/model.h) is the
-// single-process stack this mirrors, chunking and cache checks included.
+// One rank's part of a tensor-parallel attention stack, run through the C
+// API (include/g3attn/g3attn.h) as an engine that splits layers across
+// ranks would call it: in every layer the rank's KV-head range as a layer of
+// its own (g3attn_layer_create_heads: the range's query groups, its rows of
+// the q/k/v projections and columns of o_proj) with a cache of only those
+// heads (run_layers.h makes both). Each layer runs the range's attention
+// (g3attn_attention: its share of the attention output, before the
+// post-norm), the ranks sum the shares (Comm::allreduce_sum), and every
+// rank then applies the post-norm and the residual to the sum
+// (g3attn_finish, SPEC 1.2 steps 3-4), so every rank carries the same hidden
+// state into the next layer. It mirrors the single-process stack of
+// cli/api_run.cc, whose layers are whole and run one g3attn_block each.
 #pragma once
+#include <g3attn/g3attn.h>
+
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <vector>
 
-#include "generator/catalogue.h"
-#include "runtime/exec/block.h"
+#include "runtime/api/run_layers.h"
 #include "runtime/exec/head_range.h"
-#include "runtime/exec/kv_cache.h"
-#include "runtime/exec/model.h"
-#include "runtime/exec/run_driver.h"
-#include "runtime/exec/thread_pool.h"
+#include "runtime/exec/run.h"
 #include "runtime/tp/comm.h"
 
 namespace g3 {
 
-// The weights of KV heads `r` of the layer `full` (the whole layer's spec).
-using RangeWeightSource = std::function<LayerWeights(const LayerSpec& full, HeadRange r)>;
-
 class ShardedStack {
  public:
-  // Rank comm.rank() of comm.size() ranks; the size must divide Nkv.
-  ShardedStack(const ModelConfig& cfg, const RangeWeightSource& weights, const ModelOptions& o, Comm& comm);
+  // Rank comm.rank() of comm.size() ranks (the size must divide Nkv): its
+  // range of every layer of `model`, made in `context` with r's weights,
+  // and caches for calls of at most `chunk` tokens per row.
+  ShardedStack(const RunRequest& r, g3attn_context* context, const g3attn_model* model, int64_t chunk,
+               Comm& comm);
 
-  const std::vector<PreparedLayer>& layers() const { return layers_; }
   // What run_driver.h asks of a stack.
-  int64_t num_layers() const { return int64_t(layers_.size()); }
-  RunLayer route(int64_t l) const { return run_layer_route(layers_[size_t(l)]); }
+  int64_t num_layers() const { return layers_.size(); }
+  RunLayer route(int64_t l) const { return layers_.route(l); }
   HeadRange range() const { return range_; }
-  ThreadPool& pool() { return *pool_; }
-  uint64_t kv_bytes_allocated() const;
+  uint64_t kv_bytes_allocated() const { return layers_.kv_bytes(); }
 
-  // As Model::forward: x and y [B][T][D], positions [B][T], real [B][T] or
-  // null. Every rank must call it with the same arguments (the all-reduce
-  // is collective); a call the caches refuse throws on every rank alike,
-  // before any layer runs.
+  // x and y [B][T][D], positions [B][T], real [B][T] or null, with T at
+  // most the chunk (run_driver.h cuts the prompt into chunks; forward says
+  // why it does not). Every rank must call it with the same arguments (the
+  // all-reduce is collective); a call the caches refuse throws on every rank
+  // alike, before any layer runs.
   void forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y);
 
   // Milliseconds per layer (all-reduce included) and, of those, in the
@@ -53,20 +53,14 @@ class ShardedStack {
   std::function<void(int, int64_t)> on_layer;
 
  private:
-  ModelConfig cfg_;
-  ModelOptions opt_;
+  int64_t B_, D_, chunk_;
   Comm& comm_;
   HeadRange range_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::vector<PreparedLayer> layers_;
-  std::vector<LayerKvCache> caches_;
+  RunLayers layers_;
   std::vector<double> layer_ms_;
   double comm_ms_ = 0;
   uint64_t reduced_floats_ = 0;
-  BlockScratch scratch_;
-  std::vector<float> cur_, nxt_;
-  std::vector<int32_t> pos_;
-  std::vector<uint8_t> real_;
+  std::vector<float> cur_, part_, nxt_;
 };
 
 }  // namespace g3

@@ -5,12 +5,8 @@
 #include <exception>
 #include <memory>
 
-#include "runtime/dispatch/isa.h"
-#include "runtime/dispatch/kernel_registry.h"
-#include "runtime/exec/head_range.h"
+#include "runtime/api/run_layers.h"
 #include "runtime/exec/run_driver.h"
-#include "runtime/io/checkpoint.h"
-#include "runtime/reference/reference_stack.h"
 #include "runtime/tp/shard_plan.h"
 #include "runtime/tp/sharded_stack.h"
 
@@ -38,37 +34,31 @@ void check_tp_request(const RunRequest& r, int tp, const Comm& comm) {
                      " g3attn run --tp " + std::to_string(tp) + " ...)");
 }
 
-TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const SingleRun& single_run) {
+TpRunResult run_tensor_parallel(const RunRequest& r, const g3attn_model* model, int tp, Comm& comm,
+                                const SingleRun& single_run) {
   check_run_request(r);
   check_tp_request(r, tp, comm);
   const ModelConfig& cfg = r.config;
   const int64_t B = r.batch, L = r.prompt + r.decode, D = cfg.hidden_size, nl = cfg.num_layers;
   const bool root = comm.rank() == 0;
+  const int64_t chunk = std::min(r.chunk, r.prompt);
 
-  // Where the weights come from: every rank reads only its range's rows of a
-  // checkpoint; random weights are drawn for the whole layer from the seed
-  // (the draw is what a single process makes, so both runs see one model)
-  // and cut to the range.
-  std::shared_ptr<Checkpoint> ck;
-  RangeWeightSource range_ws;
-  ModelOptions o = model_options(r);
   // Ranks on one machine share its cores: each takes its share by default.
-  o.threads = r.threads > 0 ? r.threads : std::max(1, ThreadPool::default_threads() / comm.local_size());
+  // The context depends only on the request (and the machine), so a failure
+  // here is every rank's alike and needs no agreement.
+  const int threads = r.threads > 0 ? r.threads : std::max(1, ThreadPool::default_threads() / comm.local_size());
+  ApiHandle<g3attn_context> context = run_context(r, threads);
+  g3attn_context_info info{};
+  api_check(g3attn_context_get_info(context.get(), &info));
 
+  // Every rank reads only its range's rows of a checkpoint; random weights
+  // are drawn for the whole layer from the seed (the draw is what a single
+  // process makes, so both runs see one model) and cut to the range
+  // (run_layers.h).
   std::unique_ptr<ShardedStack> stack;
   std::string failure;
   try {
-    if (!r.weights.empty()) {
-      ck = std::make_shared<Checkpoint>(open_checkpoint(r.weights, &r.config));
-      range_ws = [ck](const LayerSpec& s, HeadRange h) { return load_head_range_weights(ck->source, s, h); };
-    } else {
-      const uint64_t seed = r.seed;
-      const DType wd = r.weight_dtype;
-      range_ws = [seed, wd](const LayerSpec& s, HeadRange h) {
-        return slice_head_range(random_layer_weights(s, seed, wd), s, h);
-      };
-    }
-    stack = std::make_unique<ShardedStack>(cfg, range_ws, o, comm);
+    stack = std::make_unique<ShardedStack>(r, context.get(), model, chunk, comm);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -83,9 +73,8 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const S
   res.ranks = tp;
   RunResult& run = res.run;
   run.config = cfg;
-  run.isa = resolve_isa(o.isa);
-  run.threads = stack->pool().size();
-  const int64_t chunk = std::min(r.chunk, r.prompt);
+  run.isa = info.isa;
+  run.threads = info.threads;
   run.kv = kv_bytes(shard_config(cfg, tp), L, B, r.kv_dtype, chunk);
   if (run.kv.ring != stack->kv_bytes_allocated())
     throw std::logic_error("shard_config's KV accounting disagrees with the rank's caches");
@@ -114,8 +103,10 @@ TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const S
   if (!r.verify) return res;
 
   // Rank 0 checks; the others wait without spinning. The sharded stack's
-  // memory is released first: the checks build whole models.
+  // memory and its context's pool are released first: the checks build
+  // whole models, on threads of their own.
   stack.reset();
+  context.reset();
   std::exception_ptr err;
   if (root) {
     try {

@@ -1,11 +1,14 @@
 // `g3attn run --tp R` as a library call: the run of exec/run.h on R ranks,
-// each holding one KV head range of every layer (sharded_stack.h), with the
-// same inputs, chunks and decode steps, and rank 0's view of the result plus
-// what sharding costs and saves: KV bytes per rank, all-reduce bytes per
-// token, time in the all-reduce. With verify, rank 0 alone compares the
-// sharded result with the single-process run and with the scalar reference
-// (the comparison `run --verify` makes) while the other ranks wait idle.
+// each holding one KV head range of every layer through the C API
+// (sharded_stack.h), with the same inputs, chunks and decode steps, and rank
+// 0's view of the result plus what sharding costs and saves: KV bytes per
+// rank, all-reduce bytes per token, time in the all-reduce. With verify,
+// rank 0 alone compares the sharded result with the single-process run and
+// with the scalar reference (the comparison `run --verify` makes) while the
+// other ranks wait idle.
 #pragma once
+#include <g3attn/g3attn.h>
+
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -54,13 +57,15 @@ struct TpRunResult {
 // number of ranks the job has; InputError naming both.
 void check_tp_request(const RunRequest& r, int tp, const Comm& comm);
 
-// Every rank calls it with the same request. Errors that every rank meets
-// alike (the request, the cache checks) are InputErrors thrown on every
-// rank; a failure on some ranks only while loading weights is agreed on
+// Every rank calls it with the same request; `model` is the API's
+// description of r.config. Errors that every rank meets alike (the request,
+// the options, the cache checks) are InputErrors thrown on every rank; a
+// failure on some ranks only while loading weights is agreed on
 // (Comm::all_ok) and thrown everywhere, the failing rank's message on that
 // rank, a note on the others. `single_run` is the single-process run that
 // verify compares with (the command's: cli/api_run.h).
 using SingleRun = std::function<RunResult(const RunRequest&)>;
-TpRunResult run_tensor_parallel(const RunRequest& r, int tp, Comm& comm, const SingleRun& single_run);
+TpRunResult run_tensor_parallel(const RunRequest& r, const g3attn_model* model, int tp, Comm& comm,
+                                const SingleRun& single_run);
 
 }  // namespace g3

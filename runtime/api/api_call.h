@@ -1,8 +1,10 @@
-// The g3attn command's side of the C API (include/g3attn/g3attn.h): a
-// failed call becomes the exception the command's main() reports, with the
-// message the rooms below wrote (the API's "g3attn_<function>: " prefix
-// removed, so the command says what it always said), and handles are owned
-// by unique_ptrs.
+// The C++ clients' side of the C API (include/g3attn/g3attn.h), for the
+// rooms above api/ that run their kernels through it (tp/, cli/): a failed
+// call becomes the exception the command's main() reports, with the message
+// the rooms below wrote (the API's "g3attn_<function>: " prefix removed, so
+// the command says what it always said), handles are owned by unique_ptrs,
+// and the runtime's dtypes name the API's. It reaches the library through
+// the public header alone, as an engine does.
 #pragma once
 #include <g3attn/g3attn.h>
 
@@ -12,8 +14,9 @@
 #include <string>
 
 #include "generator/errors.h"
+#include "generator/kernel_key.h"
 
-namespace g3::cli {
+namespace g3 {
 
 // Bad input (null, argument, name, input, unavailable, cache) is an
 // InputError, exit code 2; out of memory a bad_alloc; a bug in g3attn a
@@ -41,4 +44,6 @@ struct ApiFree {
 template <class T>
 using ApiHandle = std::unique_ptr<T, ApiFree>;
 
-}  // namespace g3::cli
+inline g3attn_dtype api_dtype(DType d) { return d == DType::BF16 ? G3ATTN_BF16 : G3ATTN_F32; }
+
+}  // namespace g3
