@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -48,28 +50,40 @@ namespace attn {
 
 namespace hn = hwy::HWY_NAMESPACE;
 using flash::FinishRow;
+using flash::FinishRowStrided;
 using flash::kNegBig;
 using flash::SoftmaxTile;
+using flash::SoftmaxTileT;
 
-// Keys per tile of the attention core. The structured mask is summarised per
+// Keys per tile of the decode core. The structured mask is summarised per
 // tile (min/max stored position of its valid slots), which is what lets the
-// core skip tiles that the causal or window rule hides from a block of rows.
+// cores skip tiles that the causal or window rule hides from a block of rows.
 constexpr size_t kBk = 64;
 // Query rows (token x group head) per block of the prefill core: large enough
-// that each K/V tile, once widened and transposed, is reused many times while
-// it sits in L2; small enough that the running outputs stay in L2 too.
+// that each K/V tile is reused by many rows while it sits in L2; small enough
+// that the block's staged queries and running outputs stay in L2 too.
 constexpr size_t kMacroRows = 128;
 // Up to this many rows, the core streams K/V row by row (decode) instead of
-// transposing key tiles: a transposed tile only pays off when many rows use it.
+// running micro tiles of query rows: a tile only pays off when many rows use
+// each key.
 constexpr size_t kDecodeRows = 8;
-// Rows of one register tile: 8 rows x 2 vectors of keys (or of head_dim) is
-// 16 accumulators, which fits the 32 vector registers of AVX-512; the 16
-// registers of SSE/AVX2 hold 4 x 2.
+// The prefill core's register tiles (see QKTileT and PVTileT): a micro tile
+// is kRowVecs vectors of query rows; QK takes kKR keys and PV kHB head
+// elements against it at a time, kRowVecs x kKR (kHB) accumulators: 16 of
+// the 32 vector registers of AVX-512, 8 of the 16 of SSE/AVX2.
+constexpr size_t kRowVecs = 2;
 #if HWY_TARGET <= HWY_AVX3
-constexpr size_t kRows = 8;
+constexpr size_t kKR = 8, kHB = 8;
 #else
-constexpr size_t kRows = 4;
+constexpr size_t kKR = 4, kHB = 4;
 #endif
+// Keys per tile of the prefill core: each micro tile rescales its running
+// outputs once per tile, so a longer tile amortises that over more keys.
+constexpr size_t kPk = 128;
+// Keys per sub-tile: the grain at which the prefill core cuts a tile to the
+// keys a micro tile's rows may see (the causal diagonal, the window's edges)
+// and decides where elements must be masked.
+constexpr size_t kSub = 16;
 HWY_INLINE size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 // ---------------------------------------------------------------------------
@@ -132,31 +146,62 @@ HWY_INLINE void NormRope(D d, const float* x, const float* w, float eps, const f
   }
 }
 
+// cos and sin of one token's RoPE angles (SPEC 2.2), theta_i = pos / ts_i /
+// sigma with timescale_i = base^(2i/H), in double as the reference computes
+// them and rounded to f32 after cos/sin. Memoised per thread for the last
+// position of each of the last two (base, sigma, H): a decode step asks for
+// one position in every layer and Gemma 3 has two kinds of layer, so each
+// kind computes its angles once per step instead of once per layer (pow,
+// cos and sin of H/2 angles in double are a few microseconds, and the QK
+// stage of a decode step runs on one thread while the others wait).
+struct RopeAngles {
+  double base = 0, rscale = 0;
+  size_t H = 0;
+  bool has_pos = false;
+  int32_t pos = 0;
+  double ts[512];  // H <= 1024 by config validation, so H/2 <= 512
+  float cs[512], sn[512];
+};
+
+HWY_INLINE const RopeAngles& RopeAt(double base, double rscale, size_t H, int32_t pos) {
+  static thread_local RopeAngles memo[2];
+  static thread_local unsigned newest = 0;
+  const size_t half = H / 2;
+  RopeAngles* r = nullptr;
+  for (RopeAngles& m : memo)
+    if (m.H == H && m.base == base && m.rscale == rscale) r = &m;
+  if (!r) {
+    newest ^= 1;
+    r = &memo[newest];
+    r->base = base;
+    r->rscale = rscale;
+    r->H = H;
+    r->has_pos = false;
+    for (size_t i = 0; i < half; ++i) r->ts[i] = pow(base, 2.0 * double(i) / double(H));
+  }
+  if (!r->has_pos || r->pos != pos) {
+    for (size_t i = 0; i < half; ++i) {
+      const double th = double(pos) / r->ts[i] / rscale;
+      r->cs[i] = static_cast<float>(cos(th));
+      r->sn[i] = static_cast<float>(sin(th));
+    }
+    r->pos = pos;
+    r->has_pos = true;
+  }
+  return *r;
+}
+
 // The whole QK stage for one call. kDH: head_dim or 0 (runtime).
 template <int kDH, int kKV, class D>
 HWY_NOINLINE void QkImpl(D d, const g3_qk_args* a, double base, double rscale, float alpha) {
-  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim), half = H / 2, NL = hn::Lanes(d);
+  const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim), NL = hn::Lanes(d);
   static thread_local Scratch<float> scratch;
-  const size_t hp = RoundUp(half, 16), h2 = RoundUp(H, 16);
-  float* cs = scratch.Get(2 * hp + h2);
-  float* sn = cs + hp;
-  float* tmp = sn + hp;
-  // Inverse timescales of the key (SPEC 2.2): timescale_i = base^(2i/H). They
-  // are per call, not per token: pow is the expensive part.
-  double ts_stack[512];
-  double* ts = ts_stack;  // H <= 1024 by config validation, so half <= 512
-  for (size_t i = 0; i < half; ++i) ts[i] = pow(base, 2.0 * double(i) / double(H));
+  float* tmp = scratch.Get(RoundUp(H, 16));
   for (int64_t t = 0; t < a->T; ++t) {
-    // Angles once per token, shared by every head: theta_i = pos / ts_i / sigma,
-    // in double as the reference computes them, rounded to f32 after cos/sin.
-    const double pos = double(a->pos[t]);
-    for (size_t i = 0; i < half; ++i) {
-      const double th = pos / ts[i] / rscale;
-      cs[i] = static_cast<float>(cos(th));
-      sn[i] = static_cast<float>(sin(th));
-    }
+    // The angles once per token, shared by every head.
+    const RopeAngles& ra = RopeAt(base, rscale, H, a->pos[t]);
     for (int32_t n = 0; n < a->num_heads; ++n) {
-      NormRope(d, a->q + t * a->q_stride + n * int64_t(H), a->q_norm, a->eps, cs, sn, H, alpha,
+      NormRope(d, a->q + t * a->q_stride + n * int64_t(H), a->q_norm, a->eps, ra.cs, ra.sn, H, alpha,
                a->q_out + t * a->q_out_stride + n * int64_t(H));
     }
     const int64_t slot = a->slot[t];
@@ -164,7 +209,7 @@ HWY_NOINLINE void QkImpl(D d, const g3_qk_args* a, double base, double rscale, f
     for (int32_t j = 0; j < a->num_kv_heads; ++j) {
       const size_t dst = size_t((j * a->cache_head_stride + slot) * int64_t(H));
       // Keys are normed and rotated but never scaled (SPEC 1.3 step C).
-      NormRope(d, a->k + t * a->kv_stride + j * int64_t(H), a->k_norm, a->eps, cs, sn, H, 1.0f, tmp);
+      NormRope(d, a->k + t * a->kv_stride + j * int64_t(H), a->k_norm, a->eps, ra.cs, ra.sn, H, 1.0f, tmp);
       const float* v = a->v + t * a->kv_stride + j * int64_t(H);
       for (size_t i = 0; i < H; i += NL) {
         StoreKV<kKV>(d, hn::LoadU(d, tmp + i), a->k_cache, dst + i);
@@ -214,12 +259,11 @@ HWY_INLINE void Qk(const g3_qk_args* a, double base, double rscale, float alpha)
 // on the slot; per tile of kBk slots, a summary that classifies the whole
 // tile against a block of rows.
 
-// Positions and validity of one tile as int32 lanes, padded past S with
-// invalid slots so vector code may always run over kBk keys.
-HWY_INLINE void TileMaskData(const g3_core_args* a, size_t k, int32_t* kp, int32_t* kv) {
-  const int64_t s0 = int64_t(k * kBk);
-  for (size_t i = 0; i < kBk; ++i) {
-    const int64_t s = s0 + int64_t(i);
+// Positions and validity of the `width` slots from s0 as int32 lanes, padded
+// past S with invalid slots so vector code may always run over whole tiles.
+HWY_INLINE void TileMaskData(const g3_core_args* a, size_t s0, size_t width, int32_t* kp, int32_t* kv) {
+  for (size_t i = 0; i < width; ++i) {
+    const int64_t s = int64_t(s0 + i);
     const bool in = s < a->S;
     kp[i] = in ? a->kpos[s] : 0;
     kv[i] = in && a->kvalid[s] ? -1 : 0;
@@ -249,70 +293,76 @@ HWY_INLINE const void* CleanValues(const g3_core_args* a, size_t s0, size_t nk, 
   return dst;
 }
 
-// O[r] = O[r] * corr[r] + sum_{s < nk} P[r][s] * V[s] for R rows (SPEC 1.3
-// step I; P row stride kBk, O row stride H), vectorised over head_dim in
-// chunks of C vectors with R x C accumulators kept in registers while the
-// chunk runs over all nk keys.
-template <size_t R, size_t C, int kKV, class D>
-HWY_INLINE void PVTile(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
-  const size_t NL = hn::Lanes(d);
-  size_t h = 0;
-  for (; h + C * NL <= H; h += C * NL) {
-    hn::Vec<D> acc[R][C];
-    for (size_t r = 0; r < R; ++r) {
-      const auto c = hn::Set(d, corr[r]);
-      for (size_t j = 0; j < C; ++j) acc[r][j] = hn::Mul(hn::LoadU(d, O + r * H + h + j * NL), c);
-    }
-    for (size_t s = 0; s < nk; ++s) {
-      hn::Vec<D> v[C];
-      for (size_t j = 0; j < C; ++j) v[j] = LoadKV<kKV>(d, V, s * H + h + j * NL);
-      for (size_t r = 0; r < R; ++r) {
-        const auto p = hn::Set(d, P[r * kBk + s]);
-        for (size_t j = 0; j < C; ++j) acc[r][j] = hn::MulAdd(p, v[j], acc[r][j]);
+// The prefill core works with query rows in vector lanes: a micro tile is
+// kRowVecs vectors of rows (MR = kRowVecs x NL rows), its queries staged
+// transposed (Qt[h][MR]), its logits computed as S^T = K Q^T (Lt[key][MR])
+// and its output accumulated as O^T (Ot[h][MR]). K and V are then read in
+// their cache layout, one scalar broadcast per element, so no key tile is
+// ever transposed; the online softmax runs down the keys with one lane per
+// row (no horizontal reductions); and key ranges can be cut at any key, not
+// only at tile edges. Each product keeps 2 x kKR (or 2 x kHB) accumulators
+// and loads kKR + 2 (kHB + 2) operands per 2 x kKR FMAs.
+
+// Lt[j][r] = sum_h K[j][h] Qt[h][r] for keys j < nk (SPEC 1.3 step E): kKR
+// keys by MR rows per register tile, K rows read in place (row stride H).
+template <size_t kKR, class DK>
+HWY_INLINE void QKTileT(DK dk, const float* HWY_RESTRICT Qt, const float* HWY_RESTRICT K, size_t nk, size_t H,
+                        float* HWY_RESTRICT Lt) {
+  const size_t NL = hn::Lanes(dk), MR = kRowVecs * NL;
+  size_t j = 0;
+  auto block = [&](auto kr_tag) HWY_ATTR {
+    constexpr size_t KR = decltype(kr_tag)::value;
+    hn::Vec<DK> acc[KR][kRowVecs];
+    for (size_t i = 0; i < KR; ++i)
+      for (size_t v = 0; v < kRowVecs; ++v) acc[i][v] = hn::Zero(dk);
+    const float* kr = K + j * H;
+    const float* qt = Qt;
+    for (size_t h = 0; h < H; ++h, qt += MR) {
+      hn::Vec<DK> q[kRowVecs];
+      for (size_t v = 0; v < kRowVecs; ++v) q[v] = hn::Load(dk, qt + v * NL);
+      for (size_t i = 0; i < KR; ++i) {
+        const auto k = hn::Set(dk, kr[i * H + h]);
+        for (size_t v = 0; v < kRowVecs; ++v) acc[i][v] = hn::MulAdd(k, q[v], acc[i][v]);
       }
     }
-    for (size_t r = 0; r < R; ++r)
-      for (size_t j = 0; j < C; ++j) hn::StoreU(acc[r][j], d, O + r * H + h + j * NL);
-  }
-  for (; h < H; h += NL) {  // head_dim not a multiple of C vectors
-    hn::Vec<D> a0[R];
-    for (size_t r = 0; r < R; ++r) a0[r] = hn::Mul(hn::LoadU(d, O + r * H + h), hn::Set(d, corr[r]));
-    for (size_t s = 0; s < nk; ++s) {
-      const auto v0 = LoadKV<kKV>(d, V, s * H + h);
-      for (size_t r = 0; r < R; ++r) a0[r] = hn::MulAdd(hn::Set(d, P[r * kBk + s]), v0, a0[r]);
-    }
-    for (size_t r = 0; r < R; ++r) hn::StoreU(a0[r], d, O + r * H + h);
-  }
+    for (size_t i = 0; i < KR; ++i)
+      for (size_t v = 0; v < kRowVecs; ++v) hn::Store(acc[i][v], dk, Lt + (j + i) * MR + v * NL);
+  };
+  for (; j + kKR <= nk; j += kKR) block(std::integral_constant<size_t, kKR>());
+  for (; j < nk; ++j) block(std::integral_constant<size_t, 1>());
 }
 
-// Logits of R rows against one transposed key tile: logits[r][s] = sum_h
-// Qt[h][r] * Kt[h][s] (SPEC 1.3 step E). A register tile of R rows x 2
-// vectors of keys; each step loads two key vectors and broadcasts R query
-// elements, so K comes from L1/L2 once per R rows.
-template <size_t R, class DK>
-HWY_INLINE void QKTile(DK dk, const float* Qt, const float* Kt, size_t H, float* logits) {
-  const size_t NL = hn::Lanes(dk);
-  for (size_t j = 0; j < kBk; j += 2 * NL) {
-    // One 2-D accumulator array (not one array per key vector) keeps GCC
-    // from splitting the loop in two, which would broadcast each query
-    // element twice.
-    hn::Vec<DK> acc[R][2];
-    for (size_t r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(dk);
-    const float* kt = Kt + j;
-    const float* qt = Qt;
-    for (size_t h = 0; h < H; ++h, kt += kBk, qt += R) {
-      const auto k0 = hn::Load(dk, kt), k1 = hn::Load(dk, kt + NL);
-      for (size_t r = 0; r < R; ++r) {
-        const auto q = hn::Set(dk, qt[r]);
-        acc[r][0] = hn::MulAdd(q, k0, acc[r][0]);
-        acc[r][1] = hn::MulAdd(q, k1, acc[r][1]);
+// Ot[h][r] = Ot[h][r] * corr[r] + sum_{j < nk} V[j][h] Pt[j][r] (SPEC 1.3
+// step I): kHB head elements by MR rows per register tile, V rows read in
+// place (row stride H). The rescale by corr is folded into loading the
+// accumulators.
+template <size_t kHB, class DK>
+HWY_INLINE void PVTileT(DK dk, const float* HWY_RESTRICT Pt, const float* HWY_RESTRICT corr,
+                        const float* HWY_RESTRICT V, size_t nk, size_t H, float* HWY_RESTRICT Ot) {
+  const size_t NL = hn::Lanes(dk), MR = kRowVecs * NL;
+  hn::Vec<DK> c[kRowVecs];
+  for (size_t v = 0; v < kRowVecs; ++v) c[v] = hn::Load(dk, corr + v * NL);
+  size_t h = 0;
+  auto block = [&](auto hb_tag) HWY_ATTR {
+    constexpr size_t HB = decltype(hb_tag)::value;
+    hn::Vec<DK> acc[HB][kRowVecs];
+    for (size_t i = 0; i < HB; ++i)
+      for (size_t v = 0; v < kRowVecs; ++v) acc[i][v] = hn::Mul(hn::Load(dk, Ot + (h + i) * MR + v * NL), c[v]);
+    const float* vr = V + h;
+    const float* pt = Pt;
+    for (size_t j = 0; j < nk; ++j, vr += H, pt += MR) {
+      hn::Vec<DK> p[kRowVecs];
+      for (size_t v = 0; v < kRowVecs; ++v) p[v] = hn::Load(dk, pt + v * NL);
+      for (size_t i = 0; i < HB; ++i) {
+        const auto x = hn::Set(dk, vr[i]);
+        for (size_t v = 0; v < kRowVecs; ++v) acc[i][v] = hn::MulAdd(x, p[v], acc[i][v]);
       }
     }
-    for (size_t r = 0; r < R; ++r) {
-      hn::Store(acc[r][0], dk, logits + r * kBk + j);
-      hn::Store(acc[r][1], dk, logits + r * kBk + j + NL);
-    }
-  }
+    for (size_t i = 0; i < HB; ++i)
+      for (size_t v = 0; v < kRowVecs; ++v) hn::Store(acc[i][v], dk, Ot + (h + i) * MR + v * NL);
+  };
+  for (; h + kHB <= H; h += kHB) block(std::integral_constant<size_t, kHB>());
+  for (; h < H; ++h) block(std::integral_constant<size_t, 1>());
 }
 
 // Where row i of the call reads its query and writes its output.
@@ -333,129 +383,169 @@ HWY_INLINE RowIO RowAt(const g3_core_args* a, size_t i) {
   return io;
 }
 
-// Prefill: blocks of kMacroRows rows; for each key tile that some row of the
-// block may see, the tile is widened to f32 and transposed once ([H][kBk]),
-// then every register tile of kRows rows runs QK -> softmax -> PV on it.
-// kBC: the bf16 compute mode (kernel_contract.h): q, K, p and V rounded to
-// bf16 where they are staged for the products; f32 accumulation as ever.
+// Keys [s0, s0 + nk) as f32 rows in `dst` (nk x H): bf16 widened, and in
+// the bf16 compute mode rounded to bf16 as the products see them; invalid
+// slots zeroed when `zero_invalid` (for V: their weights are exactly 0, but
+// 0 * NaN is NaN and an invalid slot may hold anything).
+template <int kKV, bool kBC, class D>
+HWY_INLINE void StageKeys(D d, const g3_core_args* a, const void* src, size_t s0, size_t nk, size_t H,
+                          bool zero_invalid, float* dst) {
+  for (size_t s = 0; s < nk; ++s) {
+    float* row = dst + s * H;
+    if (zero_invalid && !a->kvalid[s0 + s]) {
+      memset(row, 0, H * sizeof(float));
+      continue;
+    }
+    if constexpr (kKV == G3_DTYPE_F32) {
+      memcpy(row, static_cast<const float*>(src) + (s0 + s) * H, H * sizeof(float));
+      if constexpr (kBC) bf16::RoundInPlace(d, row, H);
+    } else {
+      for (size_t h = 0; h < H; h += hn::Lanes(d))
+        hn::Store(LoadKV<G3_DTYPE_BF16>(d, src, (s0 + s) * H + h), d, row + h);
+    }
+  }
+}
+
+// Prefill: blocks of kMacroRows rows, each staged as micro tiles of MR rows
+// (queries transposed, bf16-rounded in the bf16 compute mode). For each
+// tile of kPk keys that some row of the block may see, every micro tile
+// takes the keys its rows may see, cut to kSub-key sub-tiles (the mask rule
+// classifies each sub-tile against the micro tile's rows; only the partial
+// ones are masked element by element), and runs QK -> softmax -> PV on
+// them. K and V are read in place where they are f32 and the tile is clean;
+// otherwise the tile is staged once (StageKeys) for every micro tile of the
+// block. kBC: the bf16 compute mode (kernel_contract.h): q, K, p and V
+// rounded to bf16; f32 accumulation as ever.
 template <int kDH, int kG, int kKV, bool kBC, class D>
-HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows, const g3_tile_info* info, size_t ntiles) {
+HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows) {
   const hn::ScalableTag<float> dk;
   const size_t H = kDH ? size_t(kDH) : size_t(a->head_dim);
-  constexpr size_t R = kRows;
+  const size_t NL = hn::Lanes(dk), MR = kRowVecs * NL;
+  constexpr size_t kSubs = kPk / kSub;
+  static_assert(kPk % kSub == 0 && kSubs <= 32, "sub-tiles divide a tile, one bit each");
+  const size_t S = size_t(a->S), ntiles = (S + kPk - 1) / kPk, nsub = (S + kSub - 1) / kSub;
+  // Scratch, in floats: Kf, Vf (staged key tiles), Qt and Ot (per micro
+  // tile H x MR), Lt (one micro tile's logits), per-row m, l, corr and
+  // bounds, the tile's positions and validity, and the sub-tile summaries.
   static thread_local Scratch<float> scratch;
-  const size_t nmicro_max = kMacroRows / R;
-  // Vf: the value tile when it cannot be read in place (bf16 widened to f32,
-  // or invalid slots to be zeroed).
-  const size_t off_kt = 0, off_vf = off_kt + H * kBk, off_qt = off_vf + H * kBk;
-  const size_t off_o = off_qt + kMacroRows * H, off_logits = off_o + kMacroRows * H, off_m = off_logits + R * kBk;
-  const size_t off_l = off_m + kMacroRows, off_c = off_l + kMacroRows, off_kp = off_c + R,
-               off_kv = off_kp + kBk, total = off_kv + kBk;
+  const size_t info_floats = (nsub + ntiles) * (sizeof(g3_tile_info) / sizeof(float) + 1);
+  const size_t off_kf = 0, off_vf = off_kf + kPk * H, off_qt = off_vf + kPk * H, off_ot = off_qt + kMacroRows * H,
+               off_lt = off_ot + kMacroRows * H, off_m = off_lt + kPk * MR, off_l = off_m + kMacroRows,
+               off_c = off_l + kMacroRows, off_lo = off_c + MR, off_hi = off_lo + kMacroRows,
+               off_last = off_hi + kMacroRows, off_kp = off_last + MR, off_kv = off_kp + kPk,
+               off_info = off_kv + kPk, total = off_info + info_floats;
   float* base = scratch.Get(total);
-  float* Kt = base + off_kt;
+  float* Kf = base + off_kf;
   float* Vf = base + off_vf;
   float* Qt = base + off_qt;
-  float* O = base + off_o;
-  float* logits = base + off_logits;
+  float* Ot = base + off_ot;
+  float* Lt = base + off_lt;
   float* m = base + off_m;
   float* l = base + off_l;
   float* corr = base + off_c;
+  int32_t* lo = reinterpret_cast<int32_t*>(base + off_lo);
+  int32_t* hi = reinterpret_cast<int32_t*>(base + off_hi);
+  int32_t* last = reinterpret_cast<int32_t*>(base + off_last);
   int32_t* kp = reinterpret_cast<int32_t*>(base + off_kp);
   int32_t* kv = reinterpret_cast<int32_t*>(base + off_kv);
+  g3_tile_info* sub = reinterpret_cast<g3_tile_info*>(base + off_info);
+  g3_tile_info* tile = sub + nsub;
+  for (size_t k = 0; k < nsub; ++k) sub[k] = g3_tile_info_of(a, int64_t(k * kSub), int64_t(kSub));
+  for (size_t k = 0; k < ntiles; ++k) {
+    tile[k] = sub[k * kSubs];
+    for (size_t j = 1; j < kSubs && k * kSubs + j < nsub; ++j) g3_tile_info_merge(&tile[k], &sub[k * kSubs + j]);
+    tile[k].all = tile[k].all && tile[k].s1 - tile[k].s0 == int64_t(kPk);
+  }
 
   RowIO io[kMacroRows];
-  g3_row_bounds rb[kMacroRows];
-  g3_row_set micro[kMacroRows / kRows];
+  g3_row_set micro[kMacroRows / kRowVecs];  // per micro tile
   for (size_t r0 = 0; r0 < rows; r0 += kMacroRows) {
     const size_t nrows = rows - r0 < kMacroRows ? rows - r0 : kMacroRows;
-    const size_t nmicro = (nrows + R - 1) / R;
+    const size_t nmicro = (nrows + MR - 1) / MR;
     g3_row_set all = g3_row_set_empty();
     for (size_t u = 0; u < nmicro; ++u) {
       g3_row_set rs = g3_row_set_empty();
-      for (size_t r = 0; r < R; ++r) {
-        const size_t i = u * R + r;
-        float* qt = Qt + u * H * R + r;
+      float* qt = Qt + u * H * MR;
+      for (size_t r = 0; r < MR; ++r) {
+        const size_t i = u * MR + r;
+        g3_row_bounds b = g3_bounds_none();
         if (i < nrows) {
           io[i] = RowAt<kG>(a, r0 + i);
-          rb[i] = io[i].b;
-          for (size_t h = 0; h < H; ++h) qt[h * R] = io[i].q[h];
-          g3_row_set_add(&rs, rb[i]);
+          b = io[i].b;
+          for (size_t h = 0; h < H; ++h) qt[h * MR + r] = io[i].q[h];
+          g3_row_set_add(&rs, b);
         } else {
-          // Padding rows of the last register tile: zero queries that see
+          // Padding rows of the last micro tile: zero queries that see
           // nothing; computed, never stored.
-          rb[i] = g3_bounds_none();
-          for (size_t h = 0; h < H; ++h) qt[h * R] = 0.0f;
+          for (size_t h = 0; h < H; ++h) qt[h * MR + r] = 0.0f;
         }
+        lo[i] = b.lo;
+        hi[i] = b.hi;
         m[i] = kNegBig;
         l[i] = 0.0f;
       }
       micro[u] = rs;
       g3_row_set_merge(&all, &rs);
     }
-    if constexpr (kBC) bf16::RoundInPlace(d, Qt, nmicro * H * R);
-    memset(O, 0, nmicro * R * H * sizeof(float));
+    if constexpr (kBC) bf16::RoundInPlace(dk, Qt, nmicro * H * MR);
+    memset(Ot, 0, nmicro * H * MR * sizeof(float));
 
     for (size_t k = 0; k < ntiles; ++k) {
-      if (g3_classify(&info[k], &all) == G3_TILE_SKIP) continue;
-      const size_t s0 = k * kBk;
-      const size_t nk = size_t(a->S) - s0 < kBk ? size_t(a->S) - s0 : kBk;
-      // Widen and transpose the key tile: Kt[h][s]; slots past S are zero.
-      // Blocks of 16 keys: each h then writes one whole cache line of Kt
-      // while reading 16 sequential K streams, instead of touching H lines
-      // per key.
-      for (size_t sb = 0; sb < kBk; sb += 16) {
-        const size_t nb = nk > sb ? (nk - sb < 16 ? nk - sb : 16) : 0;
-        for (size_t h = 0; h < H; ++h) {
-          float* dst = Kt + h * kBk + sb;
-          if constexpr (kKV == G3_DTYPE_F32) {
-            const float* src = static_cast<const float*>(a->k) + (s0 + sb) * H + h;
-            for (size_t s = 0; s < nb; ++s) dst[s] = src[s * H];
-          } else {
-            const uint16_t* src = static_cast<const uint16_t*>(a->k) + (s0 + sb) * H + h;
-            for (size_t s = 0; s < nb; ++s) {
-              const uint32_t u32 = uint32_t(src[s * H]) << 16;
-              memcpy(dst + s, &u32, 4);
-            }
-          }
-          for (size_t s = nb; s < 16; ++s) dst[s] = 0.0f;
-        }
-      }
-      if constexpr (kBC && kKV == G3_DTYPE_F32) bf16::RoundInPlace(d, Kt, H * kBk);
-      // Values: f32 are read in place when every slot is valid (and the
-      // compute mode is f32); bf16 are widened once per tile here rather than
-      // once per register tile; invalid slots are zeroed either way
-      // (CleanValues).
+      if (g3_classify(&tile[k], &all) == G3_TILE_SKIP) continue;
+      const size_t s0 = k * kPk, nk = S - s0 < kPk ? S - s0 : kPk;
+      // K and V as the products read them: in place, or staged once here.
+      const float* Kt = static_cast<const float*>(a->k) + s0 * H;
       const float* Vt = static_cast<const float*>(a->v) + s0 * H;
-      if constexpr (kKV == G3_DTYPE_BF16) {
-        const uint16_t* vb = static_cast<const uint16_t*>(a->v) + s0 * H;
-        for (size_t s = 0; s < nk; ++s) {
-          const bool ok = a->kvalid[s0 + s] != 0;
-          for (size_t h = 0; h < H; h += hn::Lanes(d))
-            hn::Store(ok ? LoadKV<G3_DTYPE_BF16>(d, vb, s * H + h) : hn::Zero(d), d, Vf + s * H + h);
-        }
-        Vt = Vf;
-      } else if (kBC) {
-        const void* clean = CleanValues<G3_DTYPE_F32>(a, s0, nk, H, Vf);
-        if (clean != Vf) memcpy(Vf, clean, nk * H * sizeof(float));
-        bf16::RoundInPlace(d, Vf, nk * H);
-        Vt = Vf;
-      } else if (!info[k].all) {
-        Vt = static_cast<const float*>(CleanValues<G3_DTYPE_F32>(a, s0, nk, H, Vf));
+      if (kKV == G3_DTYPE_BF16 || kBC) {
+        StageKeys<kKV, kBC>(d, a, a->k, s0, nk, H, false, Kf);
+        Kt = Kf;
       }
-      TileMaskData(a, k, kp, kv);
+      if (kKV == G3_DTYPE_BF16 || kBC || !tile[k].all) {
+        StageKeys<kKV, kBC>(d, a, a->v, s0, nk, H, !tile[k].all, Vf);
+        Vt = Vf;
+      }
+      bool mask_data = false;
       for (size_t u = 0; u < nmicro; ++u) {
-        const int c = g3_classify(&info[k], &micro[u]);
-        if (c == G3_TILE_SKIP) continue;
-        QKTile<R>(dk, Qt + u * H * R, Kt, H, logits);
-        SoftmaxTile(dk, R, kBk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp, kv, rb + u * R, m + u * R,
-                    l + u * R, corr);
+        // The micro tile's keys: from its first to its last sub-tile that
+        // is not hidden from all of its rows; the sub-tiles in between that
+        // are not visible to all of them in full are masked.
+        int cls[kSubs];
+        size_t j0 = kSubs, j1 = 0;
+        for (size_t j = 0; j < kSubs; ++j) {
+          cls[j] = k * kSubs + j < nsub ? g3_classify(&sub[k * kSubs + j], &micro[u]) : G3_TILE_SKIP;
+          if (cls[j] == G3_TILE_SKIP) continue;
+          if (j0 == kSubs) j0 = j;
+          j1 = j + 1;
+        }
+        if (j0 == kSubs) continue;
+        uint32_t masked = 0;
+        for (size_t j = j0; j < j1; ++j)
+          if (cls[j] != G3_TILE_FULL) masked |= 1u << (j - j0);
+        const size_t ks = j0 * kSub, ke = j1 * kSub < nk ? j1 * kSub : nk, n = ke - ks;
+        if (masked) {
+          if (!mask_data) {
+            TileMaskData(a, s0, kPk, kp, kv);
+            mask_data = true;
+          }
+          for (size_t r = 0; r < MR; ++r) {
+            const size_t i = u * MR + r;
+            const g3_row_bounds b = i < nrows ? io[i].b : g3_bounds_none();
+            last[r] = int32_t(g3_slot_limit(b, int64_t(s0 + ks), int64_t(n)) - 1);
+          }
+        }
+        const size_t q = u * MR;
+        QKTileT<kKR>(dk, Qt + u * H * MR, Kt + ks * H, n, H, Lt);
+        SoftmaxTileT(dk, kRowVecs, n, Lt, MR, masked, kSub, kp + ks, kv + ks, lo + q, hi + q, last, m + q, l + q,
+                     corr);
         // The weights enter P.V rounded; l was summed from them unrounded.
-        if constexpr (kBC) bf16::RoundInPlace(dk, logits, R * kBk);
-        PVTile<R, 2, G3_DTYPE_F32>(d, logits, corr, Vt, nk, H, O + u * R * H);
+        if constexpr (kBC) bf16::RoundInPlace(dk, Lt, n * MR);
+        PVTileT<kHB>(dk, Lt, corr, Vt + ks * H, n, H, Ot + u * H * MR);
       }
     }
+    // Row i's output is column i % MR of its micro tile's O^T.
     for (size_t i = 0; i < nrows; ++i)
-      FinishRow(d, O + i * H, m[i], l[i], H, io[i].out, a->lse ? a->lse + (r0 + i) : nullptr);
+      FinishRowStrided(Ot + (i / MR) * H * MR + i % MR, MR, m[i], l[i], H, io[i].out,
+                       a->lse ? a->lse + (r0 + i) : nullptr);
   }
 }
 
@@ -567,7 +657,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
   for (size_t k = 0; k < ntiles; ++k) {
     const int c = g3_classify(&info[k], &rs);
     if (c == G3_TILE_SKIP) continue;
-    if (c != G3_TILE_FULL) TileMaskData(a, k, kp, kv);
+    if (c != G3_TILE_FULL) TileMaskData(a, k * kBk, kBk, kp, kv);
     const size_t t0 = k * kBk;
     const size_t nt = size_t(a->S) - t0 < kBk ? size_t(a->S) - t0 : kBk;
     for (size_t b = 0; b < nt; b += kDk) {
@@ -624,16 +714,16 @@ HWY_NOINLINE void CoreImpl(D d, const g3_core_args* a) {
     }
     return;
   }
+  if (rows > kDecodeRows) {
+    CorePrefill<kDH, kG, kKV, kBC>(d, a, rows);
+    return;
+  }
   static thread_local Scratch<float> scratch;
   const size_t ntiles = (size_t(a->S) + kBk - 1) / kBk;
   g3_tile_info* info =
       reinterpret_cast<g3_tile_info*>(scratch.Get(ntiles * (sizeof(g3_tile_info) / sizeof(float) + 1)));
   for (size_t k = 0; k < ntiles; ++k) info[k] = g3_tile_info_of(a, int64_t(k * kBk), int64_t(kBk));
-  if (rows <= kDecodeRows) {
-    CoreDecode<kDH, kG, kKV, kBC>(d, a, rows, info, ntiles);
-  } else {
-    CorePrefill<kDH, kG, kKV, kBC>(d, a, rows, info, ntiles);
-  }
+  CoreDecode<kDH, kG, kKV, kBC>(d, a, rows, info, ntiles);
 }
 
 // Entry for the per-key instances. kDH: 0 = runtime head_dim; kG: 0 =

@@ -129,6 +129,15 @@ static inline g3_tile_info g3_tile_info_of(const g3_core_args* a, int64_t s0, in
   return t;
 }
 
+/* The summary of tile t followed by tile n (n->s0 == t->s1), in t. */
+static inline void g3_tile_info_merge(g3_tile_info* t, const g3_tile_info* n) {
+  t->s1 = n->s1;
+  t->kmin = n->kmin < t->kmin ? n->kmin : t->kmin;
+  t->kmax = n->kmax > t->kmax ? n->kmax : t->kmax;
+  t->any = (uint8_t)(t->any | n->any);
+  t->all = (uint8_t)(t->all & n->all);
+}
+
 enum { G3_TILE_SKIP = 0, G3_TILE_PARTIAL = 1, G3_TILE_FULL = 2 };
 
 /* G3_TILE_SKIP: no row of the set sees any slot of the tile; G3_TILE_FULL:

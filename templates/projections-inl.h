@@ -294,6 +294,12 @@ inline void GemmBlocked(const g3_gemm_args& g) {
 // FMA latency when R * kVPS alone is too few chains.
 // ---------------------------------------------------------------------------
 constexpr size_t kAccBudget = kLanes >= 16 ? 24 : 12;
+// How far ahead of its reads a GEMV asks for weights. The hardware
+// prefetcher alone keeps too few lines in flight for one thread to reach
+// the DRAM rate; a software prefetch a few pages ahead does (measured on an
+// AMD EPYC Zen 5, 27B decode projections, bf16: 45 GB/s without, 54 at 6 KiB
+// ahead, 60 at 12 KiB, 56 at 24 KiB, against 62 for DRAM read).
+constexpr size_t kGemvPrefetchBytes = 12 * 1024;
 
 constexpr size_t FloorPow2(size_t x) {
   size_t p = 1;
@@ -318,10 +324,7 @@ HWY_NOINLINE void GemvRows(const g3_gemm_args& g, size_t m0) {
   // Panel rows per 64-byte line, and how far ahead to prefetch (in rows).
   constexpr size_t kRowsPerLine = std::max<size_t>(1, 64 / (G3_PANEL * kWBytes));
   constexpr size_t kLinesPerRow = std::max<size_t>(1, G3_PANEL * kWBytes / 64);
-  #ifndef PREFETCH_ROWS_X
-#define PREFETCH_ROWS_X 384
-#endif
-  constexpr size_t kPrefetchRows = PREFETCH_ROWS_X;
+  constexpr size_t kPrefetchRows = kGemvPrefetchBytes / (G3_PANEL * kWBytes);
   const size_t p_begin = static_cast<size_t>(g.n_begin) / G3_PANEL;
   const size_t p_end = (static_cast<size_t>(g.n_end) + G3_PANEL - 1) / G3_PANEL;
   const float* HWY_RESTRICT ar[R];

@@ -104,20 +104,99 @@ HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* logits, size_
   }
 }
 
-// Normalises a finished row (SPEC 1.3 step H's division, deferred) and
-// writes lse; a row that saw no key gets zeros and lse = -inf. H is a
-// multiple of Lanes(d).
+// The same step with rows in vector lanes (the prefill core's S^T = K Q^T
+// layout): Lt + j * stride holds key j's logits for nv vectors of rows, and
+// is replaced by their probabilities; keys j < nk. The keys come in groups
+// of `group`; bit g of `masked` says group g needs the per-element mask
+// (the others are visible to every row in full). kp and kv (as above) are
+// per key; the rows' bounds lo, hi (stored positions) and last (the last
+// key index the slot rule lets a row see) per row. m, l and corr are per
+// row. Each row's m, p, corr and l come out as SoftmaxTile computes them;
+// only the order in which a row's tile sum is added up differs.
+template <class DK>
+HWY_INLINE void SoftmaxTileT(DK dk, size_t nv, size_t nk, float* Lt, size_t stride, uint32_t masked, size_t group,
+                             const int32_t* kp, const int32_t* kv, const int32_t* lo, const int32_t* hi,
+                             const int32_t* last, float* m, float* l, float* corr) {
+  const size_t NL = hn::Lanes(dk);
+  const hn::RebindToSigned<DK> di;
+  const auto negbig = hn::Set(dk, kNegBig);
+  for (size_t v = 0; v < nv; ++v) {
+    float* col = Lt + v * NL;
+    if (masked) {
+      // g3_visible, vectorised over rows: valid, lo <= kpos <= hi, and the
+      // slot rule as a key index (key j is hidden from a row iff j > last).
+      const auto vlo = hn::LoadU(di, lo + v * NL), vhi = hn::LoadU(di, hi + v * NL);
+      const auto vlast = hn::LoadU(di, last + v * NL);
+      for (uint32_t bits = masked; bits; bits &= bits - 1) {
+        const size_t g = size_t(__builtin_ctz(bits)), j1 = (g + 1) * group < nk ? (g + 1) * group : nk;
+        for (size_t j = g * group; j < j1; ++j) {
+          float* x = col + j * stride;
+          if (kv[j] == 0) {
+            hn::Store(negbig, dk, x);
+            continue;
+          }
+          const auto p = hn::Set(di, kp[j]);
+          const auto hidden =
+              hn::Or(hn::Or(hn::Gt(p, vhi), hn::Gt(vlo, p)), hn::Gt(hn::Set(di, int32_t(j)), vlast));
+          hn::Store(hn::IfThenElse(hn::RebindMask(dk, hidden), negbig, hn::Load(dk, x)), dk, x);
+        }
+      }
+    }
+    auto mx = negbig;
+    for (size_t j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(dk, col + j * stride));
+    const auto m_old = hn::LoadU(dk, m + v * NL);
+    const auto m_new = hn::Max(mx, m_old);
+    auto sum = hn::Zero(dk);
+    for (size_t j = 0; j < nk; ++j) {
+      float* x = col + j * stride;
+      const auto s = hn::Load(dk, x);
+      auto e = hn::Exp(dk, hn::Sub(s, m_new));
+      // Masked logits are exactly kNegBig; their probability is exactly 0
+      // even when the whole row is masked so far (then m_new is kNegBig too).
+      if (masked) e = hn::IfThenZeroElse(hn::Eq(s, negbig), e);
+      hn::Store(e, dk, x);
+      sum = hn::Add(sum, e);
+    }
+    const auto c = hn::Exp(dk, hn::Sub(m_old, m_new));
+    hn::StoreU(c, dk, corr + v * NL);
+    hn::StoreU(hn::MulAdd(hn::LoadU(dk, l + v * NL), c, sum), dk, l + v * NL);
+    hn::StoreU(m_new, dk, m + v * NL);
+  }
+}
+
+// The finish of a row (SPEC 1.3 step H's division, deferred): returns the
+// factor its accumulator is multiplied by, 1 / l, and writes lse = m + log l;
+// for a row that saw no key, 0 (its output is zeros, whatever its
+// accumulator holds) and lse = -inf.
+HWY_INLINE float FinishFactor(float m, float l, float* lse) {
+  if (!(l > 0)) {
+    if (lse) *lse = -INFINITY;
+    return 0.0f;
+  }
+  if (lse) *lse = m + logf(l);
+  return 1.0f / l;
+}
+
+// Normalises a finished row: out = O * FinishFactor. H is a multiple of
+// Lanes(d).
 template <class D>
 HWY_INLINE void FinishRow(D d, const float* O, float m, float l, size_t H, float* out, float* lse) {
   const size_t NL = hn::Lanes(d);
-  if (!(l > 0)) {
+  const float f = FinishFactor(m, l, lse);
+  if (f == 0.0f) {
     for (size_t h = 0; h < H; h += NL) hn::StoreU(hn::Zero(d), d, out + h);
-    if (lse) *lse = -INFINITY;
     return;
   }
-  const auto inv = hn::Set(d, 1.0f / l);
+  const auto inv = hn::Set(d, f);
   for (size_t h = 0; h < H; h += NL) hn::StoreU(hn::Mul(hn::LoadU(d, O + h), inv), d, out + h);
-  if (lse) *lse = m + logf(l);
+}
+
+// The same for an accumulator whose elements lie `stride` floats apart (a
+// column of the prefill core's transposed accumulators).
+HWY_INLINE void FinishRowStrided(const float* O, size_t stride, float m, float l, size_t H, float* out,
+                                 float* lse) {
+  const float f = FinishFactor(m, l, lse);
+  for (size_t h = 0; h < H; ++h) out[h] = f == 0.0f ? 0.0f : O[h * stride] * f;
 }
 
 }  // namespace flash

@@ -191,10 +191,19 @@ void grow(V& v, size_t n) {
 }
 
 // c[M][N] = a[M][K] . W^T (SPEC 1.3 steps A and J), split into row blocks x
-// column groups of whole panels, as the contract requires.
+// column groups of whole panels, as the contract requires. A call of few
+// rows (decode) reads each weight once and runs at the memory's pace: its
+// columns are cut into a few long runs of panels per thread, so each thread
+// streams contiguous memory and all finish together (4-panel items split
+// 1B's output projection 5:4 between two threads).
 void parallel_gemm(ThreadPool& pool, const g3_kernel_table& k, const PackedWeights& W, const float* a, int64_t M,
                    int64_t lda, float* c, int64_t ldc, const BlockSplit& sp) {
-  const int64_t rb = sp.row_block, cb = sp.col_panels * G3_PANEL;
+  int64_t rb = sp.row_block, cb = sp.col_panels * G3_PANEL;
+  if (M <= sp.gemv_rows) {
+    const int64_t panels = (W.N + G3_PANEL - 1) / G3_PANEL, items = sp.gemv_items_per_thread * pool.size();
+    rb = std::max<int64_t>(M, 1);
+    cb = (panels + items - 1) / items * G3_PANEL;
+  }
   const int64_t nr = (M + rb - 1) / rb, nc = (W.N + cb - 1) / cb;
   pool.parallel_for(nr * nc, [&](int64_t i) {
     const int64_t r0 = (i / nc) * rb, r1 = std::min(M, r0 + rb);

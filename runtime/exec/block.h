@@ -68,11 +68,15 @@ struct BlockScratch {
   std::vector<int64_t> slot;
 };
 
-// How run_block_cached splits its work. The split depends only on the shapes,
-// never on the number of threads, so results are bit-identical for any pool.
+// How run_block_cached splits its work. Where items are summed (KV chunks
+// merged by lse) the split depends only on the shapes, never on the number
+// of threads, so results are bit-identical for any pool; GEMM items each
+// compute whole output columns, so their split may follow the pool.
 struct BlockSplit {
   int64_t row_block = 64;          // GEMM rows per work item
   int64_t col_panels = 4;          // GEMM output columns per item, in G3_PANEL units
+  int64_t gemv_rows = 16;          // GEMM calls of at most this many rows stream their weights:
+  int64_t gemv_items_per_thread = 2;  // their columns go to this many contiguous items per thread
   int64_t token_block = 32;        // rows per rmsnorm / qk item
   int64_t query_tile = 64;         // query tokens per attention-core item
   int64_t kv_chunk = 256;          // decode: slots per core item, merged by lse
