@@ -256,8 +256,8 @@ HWY_INLINE void Qk(const g3_qk_args* a, double base, double rscale, float alpha)
 // Rows are (token t, group head g) pairs, row i = t * G + g. Which key slots
 // a row sees is the contract's structured mask, decided by mask_rule.h (the
 // one copy every backend uses): per row, bounds on the stored position and
-// on the slot; per tile of kBk slots, a summary that classifies the whole
-// tile against a block of rows.
+// on the slot; per tile of slots (kBk in decode, kSub-slot sub-tiles in
+// prefill), a summary that classifies the whole tile against a set of rows.
 
 // Positions and validity of the `width` slots from s0 as int32 lanes, padded
 // past S with invalid slots so vector code may always run over whole tiles.

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "generator/errors.h"
 #include "runtime/api/run_layers.h"
 #include "runtime/exec/run_driver.h"
 
@@ -18,7 +19,7 @@ namespace {
 class ApiStack {
  public:
   ApiStack(const RunRequest& r, const g3attn_model* model, int64_t chunk)
-      : B_(r.batch), D_(r.config.hidden_size), context_(run_context(r, r.threads)),
+      : B_(r.batch), D_(r.config.hidden_size), chunk_(chunk), context_(run_context(r, r.threads)),
         layers_(r, context_.get(), model, chunk) {
     api_check(g3attn_context_get_info(context_.get(), &info_));
     layer_ms_.assign(size_t(layers_.size()), 0.0);
@@ -32,6 +33,12 @@ class ApiStack {
   // x and y [B][T][D], positions [B][T]: every layer in turn, on the
   // context's pool.
   void forward(const float* x, const int32_t* positions, const uint8_t* real, int64_t T, float* y) {
+    // All or nothing, as the sharded stack (tp/sharded_stack.cc says why):
+    // on calls of at most `chunk` tokens, layer 0 refuses whatever a later
+    // layer would, before any cache is written.
+    if (T > chunk_)
+      throw InputError("a stack call of " + std::to_string(T) + " tokens per row is longer than the chunk of " +
+                       std::to_string(chunk_) + " its caches were made for");
     const size_t n = size_t(B_ * T * D_);
     cur_.assign(x, x + n);
     nxt_.resize(n);
@@ -50,7 +57,7 @@ class ApiStack {
   std::function<void(int, int64_t)> on_layer;
 
  private:
-  int64_t B_, D_;
+  int64_t B_, D_, chunk_;
   ApiHandle<g3attn_context> context_;
   g3attn_context_info info_{};
   RunLayers layers_;

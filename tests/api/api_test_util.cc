@@ -1,6 +1,5 @@
 #include "tests/api/api_test_util.h"
 
-#include <random>
 
 #include "runtime/io/npy.h"
 #include "tests/support/test_support.h"
@@ -98,14 +97,6 @@ Golden read_golden(const std::string& name) {
   REQUIRE(info.layer_index >= 0);
   g.layer = info.layer_index;
   return g;
-}
-
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& f : v) f = d(rng);
-  return v;
 }
 
 double max_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t width,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_support.h"
+
 namespace g3apitest {
 
 struct ModelDel { void operator()(g3attn_model* p) const { g3attn_model_free(p); } };
@@ -70,7 +72,7 @@ struct Golden {
 Golden read_golden(const std::string& name);
 
 // Inputs of the API suites' own cases: N(0, 1) from a seed.
-std::vector<float> randn(size_t n, uint64_t seed);
+using g3test::randn;
 // max |a - b| over rows where row_ok (all rows when empty); NaN counts as inf.
 double max_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t width = 1,
                 const std::vector<bool>& row_ok = {});

@@ -54,12 +54,7 @@ TEST_CASE("the API's block equals the golden outputs and the runtime's path") {
 
       // The runtime's own path on the same files: the same prepared layer
       // and block driver, so the same numbers.
-      g3::ApplyRequest r;
-      r.config = g3test::golden_file(name, "config.json");
-      r.weights = g3test::golden_file(name, "weights.safetensors");
-      r.input = g3test::golden_file(name, "x.npy");
-      r.positions = g3test::golden_file(name, "positions.npy");
-      r.attention_mask = g3test::golden_file(name, "attention_mask.npy");
+      g3::ApplyRequest r = g3test::golden_apply_request(name);
       r.backend = backend;
       const g3::ApplyResult res = g3::run_apply(r);
       const double dy = max_diff(y, res.block_out, g.D, g.real_row), da = max_diff(a, res.attn_out, g.D, g.real_row);

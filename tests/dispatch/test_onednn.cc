@@ -24,7 +24,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -338,14 +337,7 @@ struct GoldenInputs {
   g3::LayerWeights w;
 };
 GoldenInputs golden_inputs(const std::string& name) {
-  g3::ApplyRequest r;
-  r.config = g3test::golden_file(name, "config.json");
-  r.weights = g3test::golden_file(name, "weights.safetensors");
-  r.input = g3test::golden_file(name, "x.npy");
-  r.positions = g3test::golden_file(name, "positions.npy");
-  // Some cases of the full set have no mask (every token real).
-  const std::string mask = g3test::golden_dir() + "/" + name + "/attention_mask.npy";
-  if (std::ifstream(mask)) r.attention_mask = mask;
+  const g3::ApplyRequest r = g3test::golden_apply_request(name);
   GoldenInputs g;
   g.in = g3::read_apply_inputs(r);
   auto file = g3::SafeTensorsFile::open(r.weights);

@@ -913,12 +913,7 @@ TEST_CASE("the reference honours --kv-dtype: bf16 K/V change its result the way 
   // reference with bf16 K/V far more closely than with the f32 reference.
   const std::string name = "tiny_local_L2_T16_B2_leftpad";
   auto apply = [&](const std::string& backend, g3::DType kv) {
-    g3::ApplyRequest r;
-    r.config = g3test::golden_file(name, "config.json");
-    r.weights = g3test::golden_file(name, "weights.safetensors");
-    r.input = g3test::golden_file(name, "x.npy");
-    r.positions = g3test::golden_file(name, "positions.npy");
-    r.attention_mask = g3test::golden_file(name, "attention_mask.npy");
+    g3::ApplyRequest r = g3test::golden_apply_request(name);
     r.backend = backend;
     r.isa = backend == "reference" ? "" : "scalar";
     r.kv_dtype = kv;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/exec/apply.h"
 #include "runtime/exec/model.h"
 
 namespace g3test {
@@ -31,6 +32,9 @@ std::vector<std::string> golden_cases();
 // path and the set when it does not exist (a clear test failure, where
 // reading a missing file used to crash the caller).
 std::string golden_file(const std::string& name, const std::string& file);
+// The `g3attn apply` request of golden case `name`: its config, weights,
+// input, positions and, where the case has one, its attention mask.
+g3::ApplyRequest golden_apply_request(const std::string& name);
 // For a test that needs a case only the full set has: true when the case is
 // there. On the subset it prints "skipped: <what> (needs golden case <name>,
 // only in the full set)" and returns false; when the full set lacks the case
