@@ -26,8 +26,9 @@ Backends (--backend): reference (scalar oracle), highway (AOT, every x86 ISA),
   auto (the default) takes, per kernel key, phase (prefill or decode calls) and ISA,
   the backend `g3attn tune` measured fastest on this CPU (a profile in the cache
   directory, valid for this CPU and version); without one, the static rule: highway,
-  which is never far from the fastest on either CPU this project has run on, except
-  that prefill calls of the bf16 compute mode go to amx wherever it serves the key.
+  the fastest prefill core on every CPU this project has run on (on short decode
+  calls another backend may be faster: tune measures it), except that prefill calls
+  of the bf16 compute mode go to amx wherever it serves the key.
   Every backend of a compute mode computes the same numerics, so auto is a speed
   choice only. Stages xbyak and amx do not provide (QK-norm/RoPE, projections, norms; for
   amx also calls of fewer than 16 query rows, i.e. decode) run on highway. An

@@ -115,9 +115,11 @@ const Backend* find_backend(const std::string& name) {
 // so auto is purely a speed choice, and a speed rule measured on one CPU
 // does not transfer to another (vdpbf16ps is twice the fp32 peak on Zen 4
 // and half of it on Emerald Rapids). Until a measured profile exists, auto
-// takes the AOT Highway kernels: on both CPUs the bench measured them
-// fastest or within a few percent of the fastest on f32 KV and on bf16 KV
-// with widening. One exception rests on the hardware, not on a timing:
+// takes the AOT Highway kernels: the fastest prefill core on every CPU this
+// project has run on (Zen 4, Zen 5, Emerald Rapids), and a decode core that
+// reads K/V at the memory's pace; its per-call cost on short decode calls
+// (a local layer's window) is where another backend can win by a measurable
+// margin, which is what `g3attn tune` is for. One exception rests on the hardware, not on a timing:
 // prefill-sized calls in the bf16 compute mode go to the amx core wherever
 // it can serve the key, since AMX tiles multiply bf16 at many times any
 // vector unit's rate (13x the fp32 FMA peak on Emerald Rapids), while
