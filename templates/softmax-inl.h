@@ -127,8 +127,9 @@ HWY_INLINE void SoftmaxTileT(DK dk, size_t nv, size_t nk, float* Lt, size_t stri
       // slot rule as a key index (key j is hidden from a row iff j > last).
       const auto vlo = hn::LoadU(di, lo + v * NL), vhi = hn::LoadU(di, hi + v * NL);
       const auto vlast = hn::LoadU(di, last + v * NL);
-      for (uint32_t bits = masked; bits; bits &= bits - 1) {
-        const size_t g = size_t(__builtin_ctz(bits)), j1 = (g + 1) * group < nk ? (g + 1) * group : nk;
+      for (size_t g = 0; g * group < nk; ++g) {
+        if (!((masked >> g) & 1u)) continue;
+        const size_t j1 = (g + 1) * group < nk ? (g + 1) * group : nk;
         for (size_t j = g * group; j < j1; ++j) {
           float* x = col + j * stride;
           if (kv[j] == 0) {
