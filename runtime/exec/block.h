@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -62,9 +63,24 @@ void set_layer_projection(PreparedLayer& L, Phase phase, ProjProvider p);
 void run_block_nocache(const PreparedLayer& L, const float* x, const int32_t* positions, const int32_t* key_real,
                        int64_t B, int64_t T, float* block_out, float* attn_out);
 
+// An allocator of whole 64-byte lines: the kernels read a head's row of the
+// scratch below as full vectors, and a row that starts mid-line splits every
+// such load across two lines (std::vector's default alignment is 16 bytes).
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+};
+
 // Buffers reused from call to call and layer to layer (sized on first use).
 struct BlockScratch {
-  std::vector<float> u, qkv, q, enc, a, part_out, part_lse;
+  std::vector<float, LineAligned<float>> u, qkv, q, enc, a, part_out, part_lse;
   std::vector<int64_t> slot;
 };
 
