@@ -106,6 +106,10 @@ const char* kHelpHead =
     "               layer's route (auto) unless --proj names providers\n"
     "  projections  the Q/K/V and output projections alone, for N tokens and for 1 token, per provider:\n"
     "               highway (the kernel table's GEMM/GEMV) and onednn (oneDNN's matmul, AMX where present)\n"
+    "The 1-token block and projections rows run with cold caches, as a decode step finds a layer after\n"
+    "the other layers ran: before each run (untimed) the threads read 3x the last-level cache, at least\n"
+    "512 MiB. So the 1-token block rows of a model's layers add up to what `g3attn run` spends per\n"
+    "decode step.\n"
     "Each row: median and minimum ms, GFLOP/s, GB/s of K/V read (decode), % of the relevant peak, and\n"
     "speed relative to the reference and to the fastest row of the same shape. The FLOP rule is printed\n"
     "under the table. The reference is scalar code, measured once per shape.\n";

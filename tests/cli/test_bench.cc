@@ -331,4 +331,9 @@ TEST_CASE("bench --proj all --compute f32,bf16: projections rows per provider an
     const bool prefill = row["new_tokens"].get<int64_t>() > 16;
     CHECK(row["proj_route"] == (prefill && amx ? "onednn" : "highway"));
   }
+  // The 1-token rows ran with cold caches, as a decode step finds a layer,
+  // and the notes say so.
+  bool cold_note = false;
+  for (const json& n : jb["notes"]) cold_note |= n.get<std::string>().find("cold caches") != std::string::npos;
+  CHECK(cold_note);
 }
