@@ -88,21 +88,19 @@ class CacheEvictor {
   void run(ThreadPool& pool) {
     reserve();
     const int64_t items = 64, per = int64_t(buf_.size()) / items;
-    std::atomic<uint64_t> sink{0};
     pool.parallel_for(items, [&](int64_t i) {
-      // One load per 64-byte line brings the line in; the sum keeps the
-      // loads from being dropped.
+      // One load per 64-byte line brings the line in; the sum, stored, keeps
+      // the loads from being dropped.
       const uint64_t* p = buf_.data() + i * per;
       uint64_t sum = 0;
       for (int64_t j = 0; j < per; j += 8) sum += p[j];
-      sink.fetch_add(sum, std::memory_order_relaxed);
+      sink_.fetch_add(sum, std::memory_order_relaxed);
     });
-    sink_ += sink.load();
   }
 
  private:
   std::vector<uint64_t> buf_;
-  uint64_t sink_ = 0;
+  std::atomic<uint64_t> sink_{0};
 };
 
 // splitmix64: fast, seedable per chunk so parallel fills are deterministic.
