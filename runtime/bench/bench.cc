@@ -626,16 +626,16 @@ Result run_bench(Options o) {
         prepare_env(pool, env, sh, L, o.new_tokens);
         run_once(pool, sh, L, env);  // warm-up: JIT first calls, page faults, caches
         const bool cold = phase == Phase::Decode && (sh.phase == "block" || sh.phase == "projections");
-        if (cold) evictor.reserve();
+        if (cold) {
+          evictor.reserve();
+          notes.add("decode-sized block and projections rows ran with cold caches: an untimed read of " +
+                    fmt("%.0f", double(CacheEvictor::bytes()) / (1 << 20)) +
+                    " MiB before each run, as a decode step finds a layer after the other layers ran");
+        }
         std::vector<double> ms;
         Clock::time_point row_start = Clock::now();
         for (int r = 0; r < repeat; ++r) {
-          if (cold) {
-            evictor.run(pool);
-            notes.add("decode-sized block and projections rows ran with cold caches: an untimed read of " +
-                      fmt("%.0f", double(CacheEvictor::bytes()) / (1 << 20)) +
-                      " MiB before each run, as a decode step finds a layer after the other layers ran");
-          }
+          if (cold) evictor.run(pool);
           Clock::time_point t0 = Clock::now();
           run_once(pool, sh, L, env);
           ms.push_back(seconds_since(t0) * 1e3);

@@ -119,8 +119,8 @@ const Backend* find_backend(const std::string& name) {
 // project has run on (Zen 4, Zen 5, Emerald Rapids), and a decode core that
 // reads K/V at the memory's pace; its per-call cost on short decode calls
 // (a local layer's window) is where another backend can win by a measurable
-// margin, which is what `g3attn tune` is for. One exception rests on the hardware, not on a timing:
-// prefill-sized calls in the bf16 compute mode go to the amx core wherever
+// margin, which is what `g3attn tune` is for. One exception rests on the
+// hardware, not on a timing: prefill-sized calls in the bf16 compute mode go to the amx core wherever
 // it can serve the key, since AMX tiles multiply bf16 at many times any
 // vector unit's rate (13x the fp32 FMA peak on Emerald Rapids), while
 // Highway's bf16 mode pays for its rounding in vector code.

@@ -1,6 +1,5 @@
 #include "tests/api/api_test_util.h"
 
-
 #include "runtime/io/npy.h"
 #include "tests/support/test_support.h"
 
