@@ -331,17 +331,28 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
     return sp_;
   };
 
-  // Decode-sized calls cut each span into chunks of at most kv_chunk slots
-  // that run in parallel (the cut depends on the cache, not on the thread
-  // count, so results do not either).
-  auto chunks_of = [&](const Spans& v) {
-    int64_t n = 0;
-    for (int i = 0; i < v.n; ++i) n += (v.s1[i] - v.s0[i] + sp.kv_chunk - 1) / sp.kv_chunk;
-    return n;
-  };
-  int64_t nch = 0;
-  if (T <= sp.decode_max_tokens)
-    for (int64_t b = 0; b < B; ++b) nch = std::max(nch, chunks_of(spans(b, 0, T)));
+  // Decode-sized calls cut each span into chunks of `chunk` slots that run
+  // in parallel: about sp.decode_items items over the B x K heads, none
+  // shorter than sp.kv_chunk (the cut depends on the cache, not on the pool,
+  // so results do not either).
+  int64_t nch = 0, chunk = 0;
+  if (T <= sp.decode_max_tokens) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const Spans v = spans(b, 0, T);
+      int64_t len = 0;
+      for (int e = 0; e < v.n; ++e) len += v.s1[e] - v.s0[e];
+      longest = std::max(longest, len);
+    }
+    const int64_t per_head = std::max<int64_t>(1, (sp.decode_items + B * K - 1) / (B * K));
+    chunk = std::max(sp.kv_chunk, (longest + per_head - 1) / per_head);
+    for (int64_t b = 0; b < B; ++b) {
+      const Spans v = spans(b, 0, T);
+      int64_t n = 0;
+      for (int e = 0; e < v.n; ++e) n += (v.s1[e] - v.s0[e] + chunk - 1) / chunk;
+      nch = std::max(nch, n);
+    }
+  }
   if (nch <= 1) {
     const int64_t qt = sp.query_tile, nqt = (T + qt - 1) / qt;
     pool.parallel_for(B * K * nqt, [&](int64_t i) {
@@ -367,14 +378,14 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
     grow(S.part_lse, size_t(B * K * nch * T * G));
     pool.parallel_for(B * K * nch, [&](int64_t i) {
       const int64_t b = i / (K * nch), j = (i / nch) % K;
-      // Chunk c of row b: the c-th kv_chunk piece of its spans in order.
+      // Chunk c of row b: the c-th piece of its spans in order.
       const Spans v = spans(b, 0, T);
       int64_t c = i % nch, s0 = 0, s1 = 0;
       for (int e = 0; e < v.n; ++e) {
-        const int64_t pieces = (v.s1[e] - v.s0[e] + sp.kv_chunk - 1) / sp.kv_chunk;
+        const int64_t pieces = (v.s1[e] - v.s0[e] + chunk - 1) / chunk;
         if (c < pieces) {
-          s0 = v.s0[e] + c * sp.kv_chunk;
-          s1 = std::min(v.s1[e], s0 + sp.kv_chunk);
+          s0 = v.s0[e] + c * chunk;
+          s1 = std::min(v.s1[e], s0 + chunk);
           break;
         }
         c -= pieces;

@@ -37,8 +37,13 @@ bool spin_until(const F& done) {
 }  // namespace
 
 int ThreadPool::default_threads() {
-  unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+  // Asked once: hardware_concurrency reads the affinity mask (a system
+  // call), and every default BlockSplit, built per block call, asks this.
+  static const int n = [] {
+    unsigned c = std::thread::hardware_concurrency();
+    return c == 0 ? 1 : static_cast<int>(c);
+  }();
+  return n;
 }
 
 ThreadPool::ThreadPool(int threads) {

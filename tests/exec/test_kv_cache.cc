@@ -187,8 +187,9 @@ TEST_CASE("ring caches equal the official full-length layout through chunked pre
 }
 
 TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[kv][decode]") {
-  // 600 prompt positions: the global layer's decode scans more than one KV
-  // chunk (BlockSplit::kv_chunk slots), so the lse merge runs.
+  // 600 prompt positions over 2 KV heads: the global layer's decode is cut
+  // into at least two chunks (BlockSplit: at least 4 items per call, chunks
+  // of at least 256 slots), so the lse merge runs.
   ModelConfig cfg = g3test::tiny_model({LayerKind::Global, LayerKind::Local}, 8);
   Layout lay;
   lay.lengths = {600};
