@@ -633,12 +633,15 @@ Result run_bench(Options o) {
                     " MiB before each run, as a decode step finds a layer after the other layers ran");
         }
         std::vector<double> ms;
+        double timed_ms = 0;
         Clock::time_point row_start = Clock::now();
-        for (int r = 0; r < repeat; ++r) {
+        for (int r = 0; r < repeat || (!fixed_repeat && !cold && timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
+             ++r) {
           if (cold) evictor.run(pool);
           Clock::time_point t0 = Clock::now();
           run_once(pool, sh, L, env);
           ms.push_back(seconds_since(t0) * 1e3);
+          timed_ms += ms.back();
           if (!fixed_repeat && seconds_since(row_start) > kRowSeconds) break;
           if (!fixed_repeat && run_limits && seconds_since(t_start) > kDefaultRunSeconds) {
             notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +

@@ -22,6 +22,12 @@ inline constexpr int kDefaultRepeat = 5;
 // A row with the default --repeat stops taking runs once its timed runs
 // exceed this many seconds (at least one run is always taken).
 inline constexpr double kRowSeconds = 0.5;
+// A row with the default --repeat whose runs are short keeps taking them
+// (up to kMaxRepeat) until they add up to this many seconds: five runs of a
+// 10-microsecond decode row move by a quarter from one bench to the next on
+// a shared machine. Cold-cache rows do not (each run costs an eviction).
+inline constexpr double kMinRowSeconds = 0.05;
+inline constexpr int kMaxRepeat = 2000;
 // A row predicted to need more than this per run is skipped with a note:
 // always for the reference backend, and for every backend when the contexts
 // are the defaults (so the default run stays short).

@@ -65,8 +65,9 @@ std::vector<Option> bench_options() {
                                          std::to_string(cores) + ")"},
       {"repeat", Arity::Value, "N",
        "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) +
-           ", fewer - at least 1 - once a row's runs pass " + secs(bench::kRowSeconds) +
-           " s; an explicit N is always honoured)"},
+           ", more - up to " + std::to_string(bench::kMaxRepeat) + " - until they add up to " +
+           secs(bench::kMinRowSeconds) + " s except on cold-cache rows, fewer - at least 1 - once a row's runs pass " +
+           secs(bench::kRowSeconds) + " s; an explicit N is always honoured)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all or a comma list (default f32)"},
       {"compute", Arity::Value, "MODE",
        "compute modes f32|bf16|all or a comma list (f32,bf16): rows per mode (default f32; see `g3attn --help`)"},
