@@ -161,6 +161,7 @@ struct QkJit : JitBase {
 struct QkDirectJit : JitBase {
   const Reg64 reg_args = rdi, reg_q = r8, reg_k = r9, reg_s = r10, reg_rows = r11;
   const Reg64 reg_sw = rdi, reg_grp = rsi, reg_kg = rax, reg_kw = rcx, reg_qw = rdx, reg_cnt = rbx;
+  const Reg64 reg_groups = r12;  // groups of kKeys keys per row block (QkCall::keys / kKeys)
   static constexpr int kKeys = 4;
   const int max_rows;
 
@@ -180,11 +181,20 @@ struct QkDirectJit : JitBase {
     mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
     mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
     push(reg_cnt);
+    push(reg_groups);
+    mov(reg_groups, ptr[reg_args + offsetof(QkCall, keys)]);
+    static_assert(kKeys == 4, "the shift divides by kKeys");
+    shr(reg_groups, 2);
+    Label none;
+    test(reg_groups, reg_groups);
+    jz(none, T_NEAR);
     row_blocks(reg_rows, max_rows, [&](int n) {
       block(n);
       add(reg_q, n * cfg.qk_depth() * 4);
       add(reg_s, n * cfg.kb * 4);
     });
+    L(none);
+    pop(reg_groups);
     pop(reg_cnt);
     vzeroupper();
     ret();
@@ -195,7 +205,7 @@ struct QkDirectJit : JitBase {
     const int kstep = widen() ? cfg.vl * 2 : vbytes();  // bytes of K per vector
     mov(reg_sw, reg_s);
     mov(reg_kg, reg_k);
-    mov(reg_grp, cfg.kb / kKeys);
+    mov(reg_grp, reg_groups);
     Label grp, dep;
     L(grp);
     for (int r = 0; r < n; ++r)

@@ -60,6 +60,10 @@ struct QkCall {
   const void* kt;    // [qk_depth][tk] dwords: transposed key sub-tile
   float* s;          // [rows][kb] f32 logits; columns 0..tk-1 are written
   int64_t rows;
+  // Keys to compute. The direct kernel (decode), which reads keys straight
+  // from cache rows, writes columns 0..keys-1 (a multiple of 4, at most kb);
+  // the transposed kernel always computes its sub-tile's tk.
+  int64_t keys;
 };
 struct PvCall {
   const void* p;     // [rows][kb] f32, or [rows][kb/2] bf16 pairs of p

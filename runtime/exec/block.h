@@ -82,6 +82,7 @@ struct LineAligned {
 struct BlockScratch {
   std::vector<float, LineAligned<float>> u, qkv, q, enc, a, part_out, part_lse;
   std::vector<int64_t> slot;
+  std::vector<int32_t> chunks_done;  // per KV head of a decode call: its chunks finished so far
 };
 
 // How run_block_cached splits its work. Where items are summed (KV chunks
@@ -96,14 +97,14 @@ struct BlockSplit {
   int64_t gemv_items_per_thread = 2;  // their columns go to this many contiguous items per thread
   int64_t token_block = 32;        // rows per rmsnorm / qk item
   int64_t query_tile = 64;         // query tokens per attention-core item
-  // Decode: a long cache is cut into chunks, merged by lse, for about
-  // decode_items core items per call (4 per hardware thread), none shorter
-  // than kv_chunk slots. Fewer, longer chunks than a fixed 256 slots: each
-  // item costs a kernel call, a finish and a merge, and on AMD EPYC Zen 5
-  // (2 threads) 4B's global decode over 4096 took 0.76x the time with 8
-  // items instead of 64.
+  // Decode: a long cache is cut into pieces, merged by lse, for about
+  // decode_items core items per call (2 per hardware thread), none shorter
+  // than kv_chunk slots. Few, long pieces: each costs a kernel call, a
+  // finish and a share of the merge. On AMD EPYC Zen 5 (2 threads), 8 items
+  // instead of 64 took 4B's global decode over 4096 to 0.76x the time, and
+  // 4 instead of 8 the decode rows of 1B and 4B to 0.93-0.96x (median).
   int64_t kv_chunk = 256;
-  int64_t decode_items = 4 * int64_t(ThreadPool::default_threads());
+  int64_t decode_items = 2 * int64_t(ThreadPool::default_threads());
   int64_t decode_max_tokens = 8;   // calls with at most this many tokens split KV
 };
 

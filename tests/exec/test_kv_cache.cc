@@ -187,9 +187,9 @@ TEST_CASE("ring caches equal the official full-length layout through chunked pre
 }
 
 TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[kv][decode]") {
-  // 600 prompt positions over 2 KV heads: the global layer's decode is cut
-  // into at least two chunks (BlockSplit: at least 4 items per call, chunks
-  // of at least 256 slots), so the lse merge runs.
+  // 600 prompt positions over 2 KV heads: on two cores or more the global
+  // layer's decode is cut into two pieces (BlockSplit: 2 items per hardware
+  // thread, pieces of at least 256 slots), so the lse merge runs.
   ModelConfig cfg = g3test::tiny_model({LayerKind::Global, LayerKind::Local}, 8);
   Layout lay;
   lay.lengths = {600};
@@ -206,6 +206,17 @@ TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[
   for (const char* backend : {"reference", "auto"}) {
     d = compare(cfg, lay, 128, 3, backend, std::string(backend) == "reference" ? "scalar" : "best", DType::F32, 6);
     INFO(backend << " full-length local, max diff " << d);
+    CHECK(d <= 2e-4);
+  }
+  // A local layer of window 600 over a ring of 600 + 128 - 1 slots: 700
+  // prompt positions and 40 decode steps wrap it, so the visible 600 slots
+  // are two spans and the piece that holds the wrap is two kernel calls.
+  ModelConfig wide = g3test::tiny_model({LayerKind::Local}, 600);
+  lay.lengths = {700};
+  lay.Lpad = 700;
+  for (const char* backend : {"reference", "auto"}) {
+    d = compare(wide, lay, 128, 40, backend, std::string(backend) == "reference" ? "scalar" : "best", DType::F32, 7);
+    INFO(backend << " wrapped ring of window 600, max diff " << d);
     CHECK(d <= 2e-4);
   }
 }
