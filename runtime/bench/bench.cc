@@ -556,7 +556,7 @@ Result run_bench(Options o) {
 
   Env env;
   CacheEvictor evictor;
-  std::set<std::string> done_rows;
+  std::map<std::string, size_t> done_rows;  // row key -> its index in res.rows
   // How many rows will be attempted, for the progress lines.
   const size_t total = shapes.size() * o.backends.size() * isas.size() * std::max<size_t>(1, o.projs.size());
   size_t attempt = 0;
@@ -591,8 +591,12 @@ Result run_bench(Options o) {
             notes.add("proj onednn projections rows do not depend on the backend: measured once, under the first");
           else if (backend == "reference")
             notes.add("backend reference runs the same scalar code whatever the ISA: measured once, as scalar");
-          else if (c.isa != isa)
+          else if (c.isa != isa) {
             notes.add("backend " + backend + " on " + isa + " runs " + c.isa + " code: measured once, as " + c.isa);
+            Row same = res.rows[done_rows.at(row_key)];
+            same.isa_cap = isa;
+            res.same_code.push_back(std::move(same));
+          }
           continue;
         }
         if (o.budget_seconds > 0 && seconds_since(t_start) > o.budget_seconds) {
@@ -649,7 +653,7 @@ Result run_bench(Options o) {
             break;
           }
         }
-        done_rows.insert(row_key);
+        done_rows[row_key] = res.rows.size();
         Row row;
         row.backend = backend;
         row.route = c.choice.backend;

@@ -109,6 +109,11 @@ struct Result {
   Options options;                 // as run (threads and contexts resolved)
   Peaks peaks;
   std::vector<Row> rows;
+  // A row of rows again under each other requested ISA cap whose code is
+  // the same (a JIT capped lower, as xbyak under avx3_dl runs avx3 code):
+  // not shown, since it was measured once, but a candidate of that cap for
+  // `g3attn tune`.
+  std::vector<Row> same_code;
   std::vector<std::string> notes;  // skips and caveats, each once
   std::vector<std::string> isas_runnable, isas_compiled, backends_built;
   double seconds = 0;              // wall time of the whole run

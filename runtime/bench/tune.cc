@@ -123,7 +123,7 @@ TuneResult run_tune(const TuneOptions& t) {
   o.kv_dtypes = t.kv_dtypes;
   o.computes = t.computes;
   o.threads = t.threads;
-  o.repeat = 3;
+  o.repeat = 0;  // the bench's default: short rows take runs until they add up to 50 ms
   o.progress = t.progress;
   o.budget_seconds = t.budget_seconds;
   TuneResult r;
@@ -155,7 +155,9 @@ TuneResult run_tune(const TuneOptions& t) {
   r.profile.version = g3attn_version();
   r.profile.cpu = this_cpu().id();
   r.profile.threads = r.bench.options.threads;
-  r.profile.entries = entries_from_rows(r.bench.rows);
+  std::vector<Row> candidates = r.bench.rows;
+  candidates.insert(candidates.end(), r.bench.same_code.begin(), r.bench.same_code.end());
+  r.profile.entries = entries_from_rows(candidates);
   r.profile.projections = projection_entries_from_rows(proj.rows);
   // Keep what an earlier valid profile of this CPU measured and this run
   // did not (other models, ISAs, dtypes).

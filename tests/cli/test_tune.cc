@@ -66,6 +66,38 @@ TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to e
   }
 }
 
+TEST_CASE("a JIT that runs the same code under a higher ISA cap is a candidate of that cap too", "[tune]") {
+  // xbyak has no avx3_dl code: under that cap it runs its avx3 kernels. The
+  // bench measures them once, as avx3, and hands tune the same row for
+  // avx3_dl, so auto's choice under avx3_dl can be xbyak.
+  if (!g3test::backend_runs_here("xbyak", "avx3") || !g3test::backend_runs_here("highway", "avx3_dl")) return;
+  g3::bench::Options o;
+  o.models = {"1b"};
+  o.isas = {"avx3", "avx3_dl"};
+  o.backends = {"xbyak"};
+  o.phases = {"decode"};
+  o.contexts = {4096};
+  o.threads = 2;
+  o.repeat = 1;
+  const g3::bench::Result r = g3::bench::run_bench(o);
+  REQUIRE(r.rows.size() == 2);  // local and global, measured once each
+  REQUIRE(r.same_code.size() == 2);
+  for (const g3::bench::Row& s : r.same_code) {
+    CHECK(s.backend == "xbyak");
+    CHECK(s.isa_cap == "avx3_dl");
+    CHECK(s.isa == "avx3");
+  }
+  std::vector<g3::bench::Row> all = r.rows;
+  all.insert(all.end(), r.same_code.begin(), r.same_code.end());
+  int under_dl = 0;
+  for (const g3::ProfileEntry& e : g3::bench::entries_from_rows(all))
+    if (e.isa == "avx3_dl") {
+      ++under_dl;
+      CHECK(e.best == "xbyak");
+    }
+  CHECK(under_dl == 2);
+}
+
 TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]") {
   g3test::TempDir dir;
   const g3test::CmdResult t =
