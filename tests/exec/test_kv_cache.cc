@@ -192,33 +192,31 @@ TEST_CASE("long decode splits the KV scan into chunks merged by log-sum-exp", "[
   // thread, pieces of at least 256 slots), so the lse merge runs.
   ModelConfig cfg = g3test::tiny_model({LayerKind::Global, LayerKind::Local}, 8);
   Layout lay;
-  lay.lengths = {600};
-  lay.Lpad = 600;
-  double d = compare(cfg, lay, 128, 3, "reference", "scalar", DType::F32, 5);
-  INFO("max diff " << d);
-  CHECK(d <= 2e-4);
-  d = compare(cfg, lay, 128, 3, "auto", "best", DType::F32, 5);
-  CHECK(d <= 2e-4);
-  // 100 positions with chunk 128: the local layer's cache is full length
-  // (W + chunk - 1 > the context), so its scan starts at the window.
-  lay.lengths = {100};
-  lay.Lpad = 100;
-  for (const char* backend : {"reference", "auto"}) {
-    d = compare(cfg, lay, 128, 3, backend, std::string(backend) == "reference" ? "scalar" : "best", DType::F32, 6);
-    INFO(backend << " full-length local, max diff " << d);
-    CHECK(d <= 2e-4);
-  }
-  // A local layer of window 600 over a ring of 600 + 128 - 1 slots: 700
-  // prompt positions and 40 decode steps wrap it, so the visible 600 slots
-  // are two spans and the piece that holds the wrap is two kernel calls.
-  ModelConfig wide = g3test::tiny_model({LayerKind::Local}, 600);
-  lay.lengths = {700};
-  lay.Lpad = 700;
-  for (const char* backend : {"reference", "auto"}) {
-    d = compare(wide, lay, 128, 40, backend, std::string(backend) == "reference" ? "scalar" : "best", DType::F32, 7);
-    INFO(backend << " wrapped ring of window 600, max diff " << d);
-    CHECK(d <= 2e-4);
-  }
+  struct Case {
+    const char* what;
+    ModelConfig cfg;
+    int64_t prompt, decode;
+    uint64_t seed;
+  };
+  const Case cases[] = {
+      {"global over 600 positions, two pieces", cfg, 600, 3, 5},
+      // 100 positions with chunk 128: the local layer's cache is full length
+      // (W + chunk - 1 > the context), so its scan starts at the window.
+      {"full-length local", cfg, 100, 3, 6},
+      // A local layer of window 600 over a ring of 600 + 128 - 1 slots: 700
+      // prompt positions and 40 decode steps wrap it, so the visible 600
+      // slots are two spans and the piece that holds the wrap is two calls.
+      {"wrapped ring of window 600", g3test::tiny_model({LayerKind::Local}, 600), 700, 40, 7},
+  };
+  for (const Case& c : cases)
+    for (const char* backend : {"reference", "auto"}) {
+      lay.lengths = {c.prompt};
+      lay.Lpad = c.prompt;
+      const double d = compare(c.cfg, lay, 128, c.decode, backend,
+                               std::string(backend) == "reference" ? "scalar" : "best", DType::F32, c.seed);
+      INFO(backend << " " << c.what << ", max diff " << d);
+      CHECK(d <= 2e-4);
+    }
 }
 
 TEST_CASE("right-padded batch with position gaps matches the official sampler layout", "[kv][batch]") {
