@@ -109,10 +109,10 @@ struct Result {
   Options options;                 // as run (threads and contexts resolved)
   Peaks peaks;
   std::vector<Row> rows;
-  // A row of rows again under each other requested ISA cap whose code is
-  // the same (a JIT capped lower, as xbyak under avx3_dl runs avx3 code):
-  // not shown, since it was measured once, but a candidate of that cap for
-  // `g3attn tune`.
+  // Copies of rows, each under another requested ISA cap that runs the
+  // same code (a JIT capped lower: xbyak under avx3_dl runs avx3 code). Not
+  // shown, since that code was measured once, but `g3attn tune` counts them
+  // as candidates of their cap.
   std::vector<Row> same_code;
   std::vector<std::string> notes;  // skips and caveats, each once
   std::vector<std::string> isas_runnable, isas_compiled, backends_built;

@@ -404,16 +404,16 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
       k.core(&ca);
     });
   } else {
-    // Each KV head's chunks run in parallel, each returning its normalised
-    // output and log-sum-exp; the last of a head's chunks to finish merges
-    // them (one parallel region, not a second one for the merge: a decode
-    // step is short enough for a fork-join to show), always in chunk order,
-    // so the result does not depend on which thread merges:
+    // Each KV head's pieces run in parallel, each kernel call returning its
+    // normalised output and log-sum-exp; the last of a head's pieces to
+    // finish merges them (one parallel region, not a second one for the
+    // merge: a decode step is short enough for a fork-join to show), always
+    // in the same order, so the result does not depend on which thread merges:
     //   o = sum_c exp(lse_c - m) o_c / sum_c exp(lse_c - m),  m = max_c lse_c.
     const int64_t per = T * G * H;  // one partial output: two per (b, j, piece), one per kernel call
     grow(S.part_out, size_t(B * K * nch * 2 * per));
     grow(S.part_lse, size_t(B * K * nch * 2 * T * G));
-    S.chunks_done.assign(size_t(B * K), 0);
+    S.pieces_done.assign(size_t(B * K), 0);
     const int64_t parts = 2 * nch;  // partials per head
     auto merge = [&](int64_t i) {  // head i = b * K + j
       const int64_t b = i / K, j = i % K;
@@ -459,7 +459,7 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
       }
       // acq_rel: the merging thread sees every other piece's partials.
       const int64_t head = b * K + j;
-      if (std::atomic_ref<int32_t>(S.chunks_done[size_t(head)]).fetch_add(1, std::memory_order_acq_rel) == nch - 1)
+      if (std::atomic_ref<int32_t>(S.pieces_done[size_t(head)]).fetch_add(1, std::memory_order_acq_rel) == nch - 1)
         merge(head);
     });
   }

@@ -82,7 +82,7 @@ struct LineAligned {
 struct BlockScratch {
   std::vector<float, LineAligned<float>> u, qkv, q, enc, a, part_out, part_lse;
   std::vector<int64_t> slot;
-  std::vector<int32_t> chunks_done;  // per KV head of a decode call: its chunks finished so far
+  std::vector<int32_t> pieces_done;  // per KV head of a decode call: its pieces finished so far
 };
 
 // How run_block_cached splits its work. Where items are summed (KV chunks
