@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -486,16 +487,23 @@ Result run_bench(Options o) {
   // Kernel tables per (key, backend, ISA), resolved once.
   std::map<std::string, Combo> combos;
   // The phase matters to auto only: it may route prefill and decode apart.
-  auto combo_for = [&](const KernelKey& key, const std::string& backend, const std::string& isa,
-                       Phase phase) -> Combo& {
-    std::string id = key.str() + "|" + backend + "|" + isa + "|" + to_string(phase);
+  // Auto's choice may also depend on the context, where the profile's
+  // winners differ by context (PreparedLayer::for_call): its rows run the
+  // route of theirs.
+  auto combo_for = [&](const KernelKey& key, const std::string& backend, const std::string& isa, Phase phase,
+                       int64_t context) -> Combo& {
+    std::optional<AutoRoute> at;
+    if (backend == "auto")
+      for (const ContextRoute& r : context_routes(key, phase, isa))
+        if (context >= r.from) at = r.route;
+    std::string id = key.str() + "|" + backend + "|" + isa + "|" + to_string(phase) + (at ? "|" + at->backend : "");
     auto it = combos.find(id);
     if (it != combos.end()) return it->second;
     Combo c;
     c.backend = backend;
     c.isa_req = isa;
     try {
-      c.choice = kernels_for(key, backend, isa, phase);
+      c.choice = at ? kernels_for(key, *at, isa) : kernels_for(key, backend, isa, phase);
       c.isa = c.choice.kernels.isa.empty() ? isa : c.choice.kernels.isa;
       c.ok = true;
       // A registry fallback (an unavailable JIT served by Highway) would
@@ -569,7 +577,7 @@ Result run_bench(Options o) {
         for (const std::string& proj : projs_for(o, sh, backend)) {
         ++attempt;
         const Phase phase = sh.T <= BlockSplit{}.decode_max_tokens ? Phase::Decode : Phase::Prefill;
-        Combo& c = combo_for(key, backend, isa, phase);
+        Combo& c = combo_for(key, backend, isa, phase, sh.C);
         if (!c.ok) continue;
         // oneDNN picks its own ISA at run time (it does not honour --isa):
         // its rows are measured once, on the best ISA.

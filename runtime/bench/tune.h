@@ -25,6 +25,11 @@ struct TuneOptions {
   std::vector<DType> computes = {DType::F32};
   int threads = 0;                           // 0: every core
   double budget_seconds = 120;               // shapes not reached in time keep the static rule
+  // Passes over every row. A row keeps its fastest pass: on a shared
+  // machine a neighbour slows every row it overlaps, sometimes by 3x for
+  // a minute (AMD EPYC Zen 5, 2 cores), and only slows, so the fastest of
+  // passes apart in time is the one least disturbed.
+  int rounds = 3;
   bool progress = false;
 };
 
@@ -40,7 +45,8 @@ TuneResult run_tune(const TuneOptions& o);
 
 // The profile entries a set of bench rows implies: per (key, phase, ISA),
 // the backend with the lowest sum over contexts of its time relative to the
-// fastest row of each context.
+// fastest row of each context; on global layers, also the fastest backend
+// at each context (ProfileEntry::best_at).
 std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
 
 // The projection entries a set of bench rows implies (projections rows with
@@ -50,5 +56,10 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
 // missing a shape is not a candidate, and a (phase, compute mode) with
 // fewer than two candidates gets no entry (the default rule stays).
 std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>& rows);
+
+// A later pass over the same rows: each row of `rows` that `later`
+// measured again (same backend, ISA cap, key, phase, dtypes, context and
+// tokens) becomes the faster of the two by median.
+void keep_fastest(std::vector<Row>& rows, const std::vector<Row>& later);
 
 }  // namespace g3::bench

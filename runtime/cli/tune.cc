@@ -27,6 +27,9 @@ static std::vector<Option> tune_options() {
       {"threads", Arity::Value, "N", "threads, as runs will use them (default all cores)"},
       {"budget", Arity::Value, "SECONDS",
        "stop measuring after about this long; keys not reached keep the static rule (default 120)"},
+      {"rounds", Arity::Value, "N",
+       "passes over every row while the budget lasts; each row keeps its fastest, the one a busy machine "
+       "disturbed least (default 3)"},
       {"json", Arity::OptionalValue, "FILE", "the profile's entries as JSON on stdout, or the table plus FILE"},
   };
 }
@@ -35,14 +38,17 @@ int cmd_tune(int argc, char** argv, int first) {
   Args a("tune", tune_options(), argc, argv, first);
   if (a.help()) {
     std::cout << "Usage: g3attn tune [--model LIST] [--isa LIST] [--kv-dtype T] [--compute MODE] [--threads N]\n"
-                 "                   [--budget SECONDS] [--json [FILE]]\n"
+                 "                   [--budget SECONDS] [--rounds N] [--json [FILE]]\n"
                  "Measures, on this CPU, every backend this build can run (highway, llvm, xbyak, amx)\n"
                  "on the attention core of each kernel key of the models, on the shapes of the bench's\n"
                  "default rows (prefill: 512 new tokens over 1024 and 4096 positions; decode: one token\n"
                  "over 4096 and 32768), and writes the fastest per key, phase and ISA into this CPU's\n"
                  "profile in the cache directory ($G3ATTN_CACHE_DIR, else $XDG_CACHE_HOME/g3attn, else\n"
                  "~/.cache/g3attn). --backend auto then routes each layer's prefill and decode calls\n"
-                 "to the measured winner; `g3attn plan` shows the choice and its margin. It also measures\n"
+                 "to the measured winner; `g3attn plan` shows the choice and its margin. Where a global\n"
+                 "layer's winner differs between the contexts measured, each call goes to the winner of\n"
+                 "the context nearest its own (in log scale: decode switches at 11586 positions, the\n"
+                 "geometric mean of 4096 and 32768), and plan lists the ranges. It also measures\n"
                  "the projections (Q/K/V and output, 512 tokens: prefill; 1 token: decode) on Highway's\n"
                  "GEMM and on oneDNN's matmul for each compute mode, and --proj auto then runs the\n"
                  "faster per phase and compute mode instead of the default rule (a layer on oneDNN\n"
@@ -70,6 +76,7 @@ int cmd_tune(int argc, char** argv, int first) {
                            : std::vector<DType>{parse_dtype(cm, "--compute")};
   o.threads = int(a.integer("threads", 0, 1, 1024));
   o.budget_seconds = double(a.integer("budget", 120, 1, 1 << 20));
+  o.rounds = int(a.integer("rounds", 3, 1, 100));
   const bool json_stdout = a.has("json") && a.str("json").empty();
   if (a.has("json") && !json_stdout) check_output_path(a.str("json"), "--json");
   if (profile_path().empty())

@@ -106,13 +106,13 @@ KernelChoice complete(const Backend& b, const KernelKey& key, const std::string&
 
 KernelChoice kernels_for(const KernelKey& key, const std::string& name, const std::string& isa, Phase phase) {
   parse_backend(name);
-  const Backend* b = find_backend(name);
-  std::string source;
-  if (name == "auto") {
-    const AutoRoute r = auto_route(key, phase, isa);
-    b = find_backend(r.backend);
-    source = r.source;
-  }
+  if (name == "auto") return kernels_for(key, auto_route(key, phase, isa), isa);
+  return kernels_for(key, AutoRoute{name, "", false}, isa);
+}
+
+KernelChoice kernels_for(const KernelKey& key, const AutoRoute& route, const std::string& isa) {
+  const Backend* b = find_backend(route.backend);
+  const std::string& source = route.source;
   // A backend that cannot serve the request here falls back, saying why.
   std::string fallback;
   if (const std::string why = b->why_unavailable(key, isa); !why.empty()) {

@@ -35,6 +35,9 @@ struct KernelChoice {
 // same ISA).
 KernelChoice kernels_for(const KernelKey& key, const std::string& backend, const std::string& isa,
                          Phase phase = Phase::Prefill);
+// The kernels of a route auto chose (a profile's winner at some context,
+// context_routes in profile.h): kernels_for of its backend, with its source.
+KernelChoice kernels_for(const KernelKey& key, const AutoRoute& route, const std::string& isa);
 
 // Counters for tests and `plan --json`: how many kernels this process built
 // (compiled or generated) per backend since start.

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -124,9 +125,12 @@ void save_profile(const Profile& p, const std::string& path) {
               {"features", c.features}};
   j["threads"] = p.threads;
   j["entries"] = nlohmann::json::array();
-  for (const ProfileEntry& e : p.entries)
-    j["entries"].push_back({{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
-                            {"ms", e.ms}, {"rel", e.rel}});
+  for (const ProfileEntry& e : p.entries) {
+    nlohmann::json je = {{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
+                         {"ms", e.ms}, {"rel", e.rel}};
+    for (const auto& [ctx, name] : e.best_at) je["best_at"][std::to_string(ctx)] = name;
+    j["entries"].push_back(je);
+  }
   j["projections"] = nlohmann::json::array();
   for (const ProjectionEntry& e : p.projections)
     j["projections"].push_back({{"phase", to_string(e.phase)}, {"compute", to_string(e.compute)}, {"best", e.best},
@@ -160,6 +164,19 @@ Profile load_profile(const std::string& path) {
       pe.rel = e.at("rel").get<std::map<std::string, double>>();
       if (!pe.rel.count(pe.best)) throw InputError(path + ": entry " + pe.key + " has no score for its best backend");
       if (!find_backend(pe.best)) throw InputError(path + ": unknown backend '" + pe.best + "'");
+      if (e.contains("best_at"))
+        for (const auto& [ctx, name] : e.at("best_at").items()) {
+          size_t used = 0;
+          long long c = 0;
+          try {
+            c = std::stoll(ctx, &used);
+          } catch (const std::exception&) {
+          }
+          if (used == 0 || used != ctx.size() || c < 1)
+            throw InputError(path + ": entry " + pe.key + " has a context '" + ctx + "' that is not a positive integer");
+          pe.best_at[c] = name.get<std::string>();
+          if (!find_backend(pe.best_at[c])) throw InputError(path + ": unknown backend '" + pe.best_at[c] + "'");
+        }
       p.entries.push_back(pe);
     }
     if (j.contains("projections"))
@@ -217,25 +234,56 @@ const Profile* active_profile() {
   return p;
 }
 
+namespace {
+
+// A backend measured here that cannot serve the key now (e.g. a JIT left
+// out of this build) keeps the static rule.
+bool can_serve(const std::string& name, const KernelKey& key, const std::string& isa) {
+  const Backend* b = find_backend(name);
+  return b && b->in_build && b->why_unavailable(key, isa).empty();
+}
+
+}  // namespace
+
 AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa) {
   AutoRoute r;
   r.backend = auto_backend(key, phase, isa).name;
   r.source = "static rule";
   if (const Profile* p = active_profile()) {
-    if (const ProfileEntry* e = p->find(key.str(), phase, isa)) {
-      // A backend measured here that cannot serve the key now (e.g. a JIT
-      // left out of this build) keeps the static rule.
-      const Backend* b = find_backend(e->best);
-      if (b && b->in_build && b->why_unavailable(key, isa).empty()) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%.2fx", 1 + e->margin());
-        r.backend = e->best;
-        r.source = "profile: " + std::string(buf) + " the next backend";
-        r.from_profile = true;
-      }
+    if (const ProfileEntry* e = p->find(key.str(), phase, isa); e && can_serve(e->best, key, isa)) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.2fx", 1 + e->margin());
+      r.backend = e->best;
+      r.source = "profile: " + std::string(buf) + " the next backend";
+      r.from_profile = true;
     }
   }
   return r;
+}
+
+std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, const std::string& isa) {
+  const Profile* p = active_profile();
+  const ProfileEntry* e = p ? p->find(key.str(), phase, isa) : nullptr;
+  if (!e || e->best_at.size() < 2) return {};
+  std::set<std::string> winners;
+  for (const auto& [ctx, name] : e->best_at) {
+    if (!can_serve(name, key, isa)) return {};  // the whole entry's choice then, as auto_route makes it
+    winners.insert(name);
+  }
+  if (winners.size() < 2) return {};
+  std::vector<ContextRoute> out;
+  int64_t prev = 0;
+  for (const auto& [ctx, name] : e->best_at) {
+    ContextRoute c;
+    c.from = out.empty() ? 0 : int64_t(std::ceil(std::sqrt(double(prev) * double(ctx))));
+    c.route.backend = name;
+    c.route.source = "profile: fastest at context " + std::to_string(ctx);
+    c.route.from_profile = true;
+    // Neighbours with the same winner are one range.
+    if (out.empty() || out.back().route.backend != name) out.push_back(c);
+    prev = ctx;
+  }
+  return out;
 }
 
 }  // namespace g3

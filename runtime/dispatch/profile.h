@@ -11,7 +11,9 @@
 // $XDG_CACHE_HOME/g3attn, else ~/.cache/g3attn):
 //   {"format": 1, "g3attn_version": "...", "cpu": {...}, "threads": N,
 //    "entries": [{"key", "phase": "prefill"|"decode", "isa", "best",
-//                 "ms": {backend: ms, ...}, "rel": {backend: score, ...}}]}
+//                 "ms": {backend: ms, ...}, "rel": {backend: score, ...},
+//                 "best_at": {"<context>": backend, ...}}]}
+// ("best_at" is optional.)
 #pragma once
 #include <map>
 #include <string>
@@ -44,6 +46,13 @@ struct ProfileEntry {
   // score the choice minimises: every context counts alike).
   std::map<std::string, double> ms, rel;
   double margin() const;              // runner-up rel / best rel - 1 (0 with one backend)
+  // The fastest backend at each context measured. The winner can change
+  // with the context: a decode over 4096 positions reads K/V from the
+  // last-level cache, one over 32768 from DRAM, and the kernels that win
+  // the first need not win the second. When the contexts disagree, auto
+  // routes each call to the winner of the measured context nearest its own
+  // (context_route below); `best` stays the choice over all of them.
+  std::map<int64_t, std::string> best_at;
 };
 
 // Which projection provider (onednn_route.h: "highway" or "onednn") was
@@ -90,5 +99,16 @@ struct AutoRoute {
   bool from_profile = false;
 };
 AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
+
+// Where auto's choice for (key, phase, ISA cap) changes with the context:
+// the profile entry's winners by context when they disagree, each with the
+// smallest context it serves (0 for the first; then the geometric mean of
+// two neighbouring measured contexts, the midpoint in log scale). Empty
+// when one backend serves every context.
+struct ContextRoute {
+  int64_t from = 0;
+  AutoRoute route;
+};
+std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, const std::string& isa);
 
 }  // namespace g3

@@ -55,13 +55,25 @@ static void route_projections(PreparedLayer& L, ProjectionRoute request, const s
   }
 }
 
+// The layer's kernels for each phase as `backend` resolves them, and
+// under auto the profile's choices by context.
+static void choose_kernels(PreparedLayer& L, const std::string& backend, const std::string& isa) {
+  L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
+  L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
+  for (Phase ph : {Phase::Prefill, Phase::Decode}) {
+    auto& at = L.by_context[size_t(ph)];
+    at.clear();
+    if (backend != "auto") continue;
+    for (const ContextRoute& c : context_routes(L.key, ph, isa)) at.push_back({c.from, kernels_for(L.key, c.route, isa)});
+  }
+}
+
 PreparedLayer prepare_layer(const LayerSpec& spec, const LayerWeights& w, DType kv_dtype, const std::string& backend,
                             const std::string& isa, DType compute, ProjectionRoute proj) {
   PreparedLayer L;
   L.spec = spec;
   L.key = kernel_key(spec, kv_dtype, compute == DType::BF16 ? DType::BF16 : w.q_proj.dtype, compute);
-  L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
-  L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
+  choose_kernels(L, backend, isa);
   L.wqkv = pack_weights(stack_rows({&w.q_proj, &w.k_proj, &w.v_proj}), compute);
   L.wo = pack_weights(w.o_proj, compute);
   L.q_norm = w.q_norm;
@@ -76,8 +88,7 @@ PreparedLayer with_kernels(const PreparedLayer& base, DType kv_dtype, const std:
                            const std::string& isa) {
   PreparedLayer L = base;  // PackedWeights share their storage
   L.key = kernel_key(base.spec, kv_dtype, base.key.weight_dtype, base.key.compute);
-  L.kernels = kernels_for(L.key, backend, isa, Phase::Prefill);
-  L.decode = kernels_for(L.key, backend, isa, Phase::Decode);
+  choose_kernels(L, backend, isa);
   route_projections(L, base.proj_route, isa);
   return L;
 }
@@ -220,6 +231,14 @@ OnednnMatmul::ParallelFor pool_for_each(ThreadPool& pool) {
   return [&pool](int64_t n, const std::function<void(int64_t)>& fn) { pool.parallel_for(n, fn); };
 }
 
+// The real tokens the cache has seen, the most of any row: the context a
+// call's kernels are chosen by (PreparedLayer::for_call).
+int64_t seen_tokens(const LayerKvCache& cache) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < cache.batch(); ++b) n = std::max(n, cache.written(b));
+  return n;
+}
+
 // The smallest and largest position among queries t0..t1-1.
 std::pair<int32_t, int32_t> query_range(const int32_t* pos, int64_t t0, int64_t t1) {
   const auto [lo, hi] = std::minmax_element(pos + t0, pos + t1);
@@ -276,7 +295,7 @@ void run_out_projection(const PreparedLayer& L, int64_t R, ThreadPool& pool, Blo
 void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const int32_t* positions, int64_t B,
                         int64_t T, ThreadPool& pool, BlockScratch& S, const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
-  const g3_kernel_table& k = L.for_tokens(T, sp.decode_max_tokens).kernels.table;
+  const g3_kernel_table& k = L.for_call(T, sp.decode_max_tokens, seen_tokens(cache)).kernels.table;
   const int64_t H = s.head_dim, N = s.num_heads, K = s.num_kv_heads, G = N / K;
   const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
   const size_t esz = cache.element_size();
@@ -470,7 +489,6 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
                       const BlockSplit& sp) {
   const LayerSpec& s = L.spec;
-  const g3_kernel_table& k = L.for_tokens(T, sp.decode_max_tokens).kernels.table;
   const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
   const int64_t QKV = (N + 2 * K) * H, R = B * T;
   const int32_t kvd = L.key.kv_dtype == DType::F32 ? G3_DTYPE_F32 : G3_DTYPE_BF16;
@@ -486,6 +504,7 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
   // was; then each real token gets the slot its K/V goes to.
   for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
   for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
+  const g3_kernel_table& k = L.for_call(T, sp.decode_max_tokens, seen_tokens(cache)).kernels.table;
 
   // Step 1: pre-norm (SPEC 1.2 / 2.1).
   const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;

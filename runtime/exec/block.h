@@ -29,8 +29,23 @@ struct PreparedLayer {
   // BlockSplit::decode_max_tokens tokens per row): the same unless `auto`
   // found another backend faster for one phase (profile.h).
   KernelChoice kernels, decode;
-  const KernelChoice& for_tokens(int64_t T, int64_t decode_max_tokens) const {
-    return T <= decode_max_tokens ? decode : kernels;
+  // Under auto, where the profile found another backend fastest at some
+  // contexts (context_routes in profile.h): per phase, each choice with the
+  // smallest context it serves, in rising order; empty when one choice
+  // serves every context.
+  struct AtContext {
+    int64_t from = 0;
+    KernelChoice choice;
+  };
+  std::vector<AtContext> by_context[2];
+  // The kernels of a call of T tokens per row into a cache that has seen
+  // `context` real tokens (this call's included).
+  const KernelChoice& for_call(int64_t T, int64_t decode_max_tokens, int64_t context) const {
+    const Phase ph = T <= decode_max_tokens ? Phase::Decode : Phase::Prefill;
+    const KernelChoice* c = ph == Phase::Decode ? &decode : &kernels;
+    for (const AtContext& a : by_context[size_t(ph)])
+      if (context >= a.from) c = &a.choice;
+    return *c;
   }
   // q, k and v projections fused into one [N*dh + 2*Nkv*dh, D] matrix so the
   // normed input is streamed once; then the output projection.

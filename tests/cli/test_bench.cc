@@ -206,13 +206,16 @@ TEST_CASE("bench skips ISAs and backends it cannot run with a note, never an err
 }
 
 TEST_CASE("bench --backend auto measures the route users get and names it per row", "[bench][auto]") {
-  // f32 KV: README's auto rule takes highway, on every ISA asked for.
+  // f32 KV: README's auto rule takes highway, on every ISA asked for (in
+  // a cache directory of its own, so no tune profile of this machine's
+  // replaces the rule).
   const std::string route = "highway";
   g3test::TempDir dir;
   const std::string csv = dir.file("rows.csv");
   g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "16",
                                             "--repeat", "1", "--isa", "scalar", "--phase", "decode", "--threads",
-                                            "2", "--backend", "auto,reference", "--json", "--csv", csv});
+                                            "2", "--backend", "auto,reference", "--json", "--csv", csv},
+                                           "G3ATTN_CACHE_DIR='" + dir.path + "'");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   json j = json::parse(r.out);
@@ -235,7 +238,8 @@ TEST_CASE("bench --backend auto measures the route users get and names it per ro
   const std::string label = "auto(" + route + ")";
   CHECK(g3test::read_text(csv).find("\n" + label + ",scalar,1b,") != std::string::npos);
   g3test::CmdResult t = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--repeat", "1", "--isa",
-                                            "scalar", "--phase", "decode", "--threads", "2", "--backend", "auto"});
+                                            "scalar", "--phase", "decode", "--threads", "2", "--backend", "auto"},
+                                           "G3ATTN_CACHE_DIR='" + dir.path + "'");
   INFO(t.err);
   REQUIRE(t.exit_code == 0);
   CHECK(t.out.find(label + " ") != std::string::npos);

@@ -14,6 +14,7 @@
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/onednn_matmul.h"
 #include "runtime/dispatch/profile.h"
+#include "runtime/exec/block.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -51,12 +52,17 @@ TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to e
                                       row("reference", "prefill", 4096, 1.0), row("auto", "prefill", 4096, 0.5)};
   const auto entries = g3::bench::entries_from_rows(rows);
   REQUIRE(entries.size() == 2);
+  // A local layer's calls do the same work past the window: one winner.
+  for (g3::bench::Row& r : rows) r.kind = "local";
+  for (const g3::ProfileEntry& e : g3::bench::entries_from_rows(rows)) CHECK(e.best_at.empty());
   for (const g3::ProfileEntry& e : entries) {
     if (e.phase == g3::Phase::Decode) {
       CHECK(e.best == "highway");
       CHECK(e.rel.at("highway") == Approx(1.0 + 10.5 / 10.0));
       CHECK(e.rel.at("xbyak") == Approx(2.0 + 1.0));
       CHECK(e.ms.at("xbyak") == Approx(12.0));
+      // The winner of each context on its own.
+      CHECK(e.best_at == std::map<int64_t, std::string>{{4096, "highway"}, {32768, "xbyak"}});
     } else {
       // The reference and auto rows are never candidates.
       CHECK(e.best == "llvm");
@@ -64,6 +70,18 @@ TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to e
       CHECK(e.margin() == Approx(0.25));
     }
   }
+}
+
+TEST_CASE("over several passes, each row keeps its fastest", "[tune]") {
+  std::vector<g3::bench::Row> rows = {row("highway", "decode", 4096, 3.0), row("xbyak", "decode", 4096, 2.0),
+                                      row("highway", "decode", 32768, 9.0)};
+  // The second pass was disturbed on xbyak, and did not reach 32768.
+  g3::bench::keep_fastest(rows, {row("highway", "decode", 4096, 1.0), row("xbyak", "decode", 4096, 6.0),
+                                 row("llvm", "decode", 4096, 0.5)});
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].ms_median == 1.0);
+  CHECK(rows[1].ms_median == 2.0);
+  CHECK(rows[2].ms_median == 9.0);
 }
 
 TEST_CASE("a JIT that runs the same code under a higher ISA cap is a candidate of that cap too", "[tune]") {
@@ -96,6 +114,84 @@ TEST_CASE("a JIT that runs the same code under a higher ISA cap is a candidate o
       CHECK(e.best == "xbyak");
     }
   CHECK(under_dl == 2);
+}
+
+TEST_CASE("where a profile's winners differ by context, each call runs the winner of the nearest context measured",
+          "[tune][cli]") {
+  g3test::TempDir dir;
+  const g3test::CmdResult keys = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  REQUIRE(keys.exit_code == 0);
+  // Decode on the reference up to context 8 measured, on Highway at 128:
+  // the switch is at their geometric mean, 32. Prefill has one winner.
+  g3::Profile p;
+  p.version = g3::g3attn_version();
+  p.cpu = g3::this_cpu().id();
+  p.threads = 2;
+  const json layers = json::parse(keys.out)["layers"];
+  REQUIRE(!layers.empty());
+  for (const json& l : layers) {
+    if (p.find(l["key"].get<std::string>(), g3::Phase::Decode, "scalar")) continue;
+    for (g3::Phase ph : {g3::Phase::Prefill, g3::Phase::Decode}) {
+      g3::ProfileEntry e;
+      e.key = l["key"].get<std::string>();
+      e.isa = "scalar";
+      e.phase = ph;
+      e.best = "highway";
+      e.ms = {{"highway", 1.0}, {"reference", 1.0}};
+      e.rel = {{"highway", 2.0}, {"reference", 2.0}};
+      e.best_at = ph == g3::Phase::Decode ? std::map<int64_t, std::string>{{8, "reference"}, {128, "highway"}}
+                                          : std::map<int64_t, std::string>{{8, "highway"}, {128, "highway"}};
+      p.entries.push_back(e);
+    }
+  }
+  g3::save_profile(p, profile_in(dir));
+  CHECK(g3::load_profile(profile_in(dir)).entries.at(1).best_at == p.entries.at(1).best_at);
+
+  const g3test::CmdResult pl = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  INFO(pl.err);
+  REQUIRE(pl.exit_code == 0);
+  const json planned = json::parse(pl.out)["layers"];
+  REQUIRE(planned.size() == layers.size());
+  for (const json& l : planned) {
+    CHECK(l["decode_backend"] == "highway");
+    CHECK_FALSE(l["by_context"].contains("prefill"));
+    CHECK(l["by_context"]["decode"] == json::parse(R"([{"from": 0, "backend": "reference"},
+                                                         {"from": 32, "backend": "highway"}])"));
+  }
+  // Decode steps from context 17 to 48 cross the switch; the stack still
+  // equals the reference stack.
+  const g3test::CmdResult r =
+      g3test::run_g3attn({"run", "--model", "270m", "--prompt", "16", "--decode", "32", "--chunk", "16", "--isa",
+                          "scalar", "--threads", "2", "--verify", "--json", dir.file("run.json")},
+                         env_for(dir));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(json::parse(g3test::read_text(dir.file("run.json")))["verify"]["max_abs_diff"].get<double>() <= 1e-3);
+
+  // The choice itself: the last range whose start the context reaches, in
+  // the phase of the call's size.
+  g3::PreparedLayer L;
+  L.kernels.backend = "llvm";
+  L.decode.backend = "xbyak";
+  g3::PreparedLayer::AtContext ref, hwy;
+  ref.choice.backend = "reference";
+  hwy.from = 32;
+  hwy.choice.backend = "highway";
+  L.by_context[size_t(g3::Phase::Decode)] = {ref, hwy};
+  CHECK(L.for_call(1, 8, 31).backend == "reference");
+  CHECK(L.for_call(8, 8, 32).backend == "highway");
+  CHECK(L.for_call(9, 8, 32).backend == "llvm");
+  L.by_context[size_t(g3::Phase::Decode)].clear();
+  CHECK(L.for_call(1, 8, 100).backend == "xbyak");
+
+  // A context that is not a positive integer makes the file no profile.
+  std::string text = g3test::read_text(profile_in(dir));
+  text.replace(text.find("\"8\""), 3, "\"8x\"");
+  g3test::write_text(profile_in(dir), text);
+  const g3test::CmdResult bad = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  REQUIRE(bad.exit_code == 0);
+  CHECK(bad.err.find("is not a positive integer") != std::string::npos);
+  CHECK(json::parse(bad.out)["layers"][0]["source"] == "static rule");
 }
 
 TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]") {
