@@ -51,7 +51,7 @@ struct ProfileEntry {
   // last-level cache, one over 32768 from DRAM, and the kernels that win
   // the first need not win the second. When the contexts disagree, auto
   // routes each call to the winner of the measured context nearest its own
-  // (context_route below); `best` stays the choice over all of them.
+  // (context_routes below); `best` stays the choice over all of them.
   std::map<int64_t, std::string> best_at;
 };
 
