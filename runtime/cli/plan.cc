@@ -127,24 +127,23 @@ int cmd_plan(int argc, char** argv, int first) {
       j["compile_ms"] = c.kernels.compile_ms;
       j["cached"] = c.kernels.cached;
     }
+    // Auto's sources; where the profile's winner changes with the context,
+    // the calls of each context range take its winner (block.h for_call).
+    std::string why = c.source == dc.source ? c.source : "prefill " + c.source + "; decode " + dc.source;
+    if (backend == "auto")
+      for (Phase ph : {Phase::Prefill, Phase::Decode})
+        for (const ContextRoute& r : context_routes(key, ph, isa)) {
+          why += std::string("; ") + to_string(ph) + " from context " + std::to_string(r.from) + ": " +
+                 r.route.backend;
+          j["by_context"][to_string(ph)].push_back({{"from", r.from}, {"backend", r.route.backend}});
+        }
     layers.push_back(j);
     std::string be = c.backend + (c.kernels.specialised ? "" : " (generic)");
     table.push_back({std::to_string(l.index), to_string(l.kind), l.window > 0 ? std::to_string(l.window) : "-",
                      fmt_double(l.rope_base), fmt_double(l.rope_scale), fmt_double(l.alpha, 9),
                      std::to_string(l.num_heads), std::to_string(l.num_kv_heads), std::to_string(l.head_dim),
                      key.str(), be, dc.backend, c.kernels.isa});
-    if (backend == "auto") {
-      std::string why = c.source == dc.source ? c.source : "prefill " + c.source + "; decode " + dc.source;
-      // Where the profile's winner changes with the context, the calls of
-      // each context range take its winner instead (block.h for_call).
-      for (Phase ph : {Phase::Prefill, Phase::Decode})
-        for (const ContextRoute& r : context_routes(key, ph, isa)) {
-          why += std::string("; ") + to_string(ph) + " from context " + std::to_string(r.from) + ": " + r.route.backend;
-          j["by_context"][to_string(ph)].push_back({{"from", r.from}, {"backend", r.route.backend}});
-        }
-      layers.back() = j;
-      table.back().push_back(why);
-    }
+    if (backend == "auto") table.back().push_back(why);
   }
   // Without a profile auto runs the static rule; say once how to measure.
   const std::string hint = backend == "auto" && !active_profile()

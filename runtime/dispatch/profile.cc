@@ -173,7 +173,8 @@ Profile load_profile(const std::string& path) {
           } catch (const std::exception&) {
           }
           if (used == 0 || used != ctx.size() || c < 1)
-            throw InputError(path + ": entry " + pe.key + " has a context '" + ctx + "' that is not a positive integer");
+            throw InputError(path + ": entry " + pe.key + " has a context '" + ctx +
+                             "' that is not a positive integer");
           pe.best_at[c] = name.get<std::string>();
           if (!find_backend(pe.best_at[c])) throw InputError(path + ": unknown backend '" + pe.best_at[c] + "'");
         }

@@ -64,7 +64,8 @@ static void choose_kernels(PreparedLayer& L, const std::string& backend, const s
     auto& at = L.by_context[size_t(ph)];
     at.clear();
     if (backend != "auto") continue;
-    for (const ContextRoute& c : context_routes(L.key, ph, isa)) at.push_back({c.from, kernels_for(L.key, c.route, isa)});
+    for (const ContextRoute& c : context_routes(L.key, ph, isa))
+      at.push_back({c.from, kernels_for(L.key, c.route, isa)});
   }
 }
 

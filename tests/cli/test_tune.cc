@@ -119,7 +119,8 @@ TEST_CASE("a JIT that runs the same code under a higher ISA cap is a candidate o
 TEST_CASE("where a profile's winners differ by context, each call runs the winner of the nearest context measured",
           "[tune][cli]") {
   g3test::TempDir dir;
-  const g3test::CmdResult keys = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  const g3test::CmdResult keys =
+      g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
   REQUIRE(keys.exit_code == 0);
   // Decode on the reference up to context 8 measured, on Highway at 128:
   // the switch is at their geometric mean, 32. Prefill has one winner.
@@ -147,7 +148,8 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   g3::save_profile(p, profile_in(dir));
   CHECK(g3::load_profile(profile_in(dir)).entries.at(1).best_at == p.entries.at(1).best_at);
 
-  const g3test::CmdResult pl = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  const g3test::CmdResult pl =
+      g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
   INFO(pl.err);
   REQUIRE(pl.exit_code == 0);
   const json planned = json::parse(pl.out)["layers"];
@@ -188,7 +190,8 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   std::string text = g3test::read_text(profile_in(dir));
   text.replace(text.find("\"8\""), 3, "\"8x\"");
   g3test::write_text(profile_in(dir), text);
-  const g3test::CmdResult bad = g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  const g3test::CmdResult bad =
+      g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
   REQUIRE(bad.exit_code == 0);
   CHECK(bad.err.find("is not a positive integer") != std::string::npos);
   CHECK(json::parse(bad.out)["layers"][0]["source"] == "static rule");
