@@ -36,7 +36,6 @@
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "bf16-inl.h"
 #include "kernel_contract.h"
 #include "mask_rule.h"

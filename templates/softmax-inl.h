@@ -29,7 +29,6 @@
 #include <stdint.h>
 
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "mask_rule.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -42,6 +41,40 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Masked logits become this finite value before the running max is taken, and
 // their probabilities are forced to exactly zero, so no inf - inf ever occurs.
 constexpr float kNegBig = -1e30f;
+
+// exp(x) for x <= 0, the only arguments the softmax takes (a logit minus a
+// running maximum at least as large, or an old maximum minus a new one): 12
+// vector operations against about 25 in hwy::Exp, which is what the softmax
+// step costs per query-key pair beside the 2 x head_dim FMAs of QK and PV.
+// x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 in two
+// parts, Cody-Waite, so r is exact to float rounding for every n); exp(r) =
+// 1 + r q(r) with q of degree 5 interpolated at Chebyshev nodes (0.2 ulp in
+// exact arithmetic, about 1 ulp as evaluated); then 2^n is added to the
+// exponent bits. The round-to-integer is the float trick of adding 1.5 x
+// 2^23 (no float-to-int conversion with its overflow fix-ups): that sum's low
+// mantissa bits hold n, and shifted left by 23 they are n's exponent
+// increment. Arguments below -86 are taken as -86 (exp = 4e-38 where the
+// true value is smaller), which keeps 2^n a normal number; NaN becomes -86
+// too (Max returns its second operand on every target for NaN), as hwy::Exp
+// maps NaN to 0.
+template <class DK>
+HWY_INLINE hn::Vec<DK> ExpNonPositive(DK dk, hn::Vec<DK> x) {
+  const hn::RebindToSigned<DK> di;
+  const auto shifter = hn::Set(dk, 12582912.0f);  // 1.5 x 2^23
+  x = hn::Max(x, hn::Set(dk, -86.0f));
+  const auto t = hn::MulAdd(x, hn::Set(dk, 1.44269504088896341f), shifter);
+  const auto n = hn::Sub(t, shifter);
+  auto r = hn::MulAdd(n, hn::Set(dk, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(dk, -1.42860676533018704e-6f), r);
+  auto q = hn::Set(dk, 0.0013933641603216529f);
+  q = hn::MulAdd(q, r, hn::Set(dk, 0.008369148708879948f));
+  q = hn::MulAdd(q, r, hn::Set(dk, 0.04166646674275398f));
+  q = hn::MulAdd(q, r, hn::Set(dk, 0.16666504740715027f));
+  q = hn::MulAdd(q, r, hn::Set(dk, 0.5f));
+  q = hn::MulAdd(q, r, hn::Set(dk, 1.0f));
+  const auto e = hn::MulAdd(q, r, hn::Set(dk, 1.0f));
+  return hn::BitCast(dk, hn::Add(hn::BitCast(di, e), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
 
 // The state of rows that have seen nothing yet.
 HWY_INLINE void InitRows(size_t n, float* m, float* l) {
@@ -93,7 +126,7 @@ HWY_INLINE void SoftmaxTile(DK dk, size_t nr, size_t width, float* logits, size_
       const auto s = hn::LoadU(dk, sr + j);
       // Masked logits are exactly kNegBig; their probability is exactly 0
       // even when the whole row is masked so far (then m_new is kNegBig too).
-      const auto e = hn::IfThenZeroElse(hn::Eq(s, negbig), hn::Exp(dk, hn::Sub(s, mv)));
+      const auto e = hn::IfThenZeroElse(hn::Eq(s, negbig), ExpNonPositive(dk, hn::Sub(s, mv)));
       hn::StoreU(e, dk, sr + j);
       sum = hn::Add(sum, e);
     }
@@ -151,14 +184,14 @@ HWY_INLINE void SoftmaxTileT(DK dk, size_t nv, size_t nk, float* Lt, size_t stri
     for (size_t j = 0; j < nk; ++j) {
       float* x = col + j * stride;
       const auto s = hn::Load(dk, x);
-      auto e = hn::Exp(dk, hn::Sub(s, m_new));
+      auto e = ExpNonPositive(dk, hn::Sub(s, m_new));
       // Masked logits are exactly kNegBig; their probability is exactly 0
       // even when the whole row is masked so far (then m_new is kNegBig too).
       if (masked) e = hn::IfThenZeroElse(hn::Eq(s, negbig), e);
       hn::Store(e, dk, x);
       sum = hn::Add(sum, e);
     }
-    const auto c = hn::Exp(dk, hn::Sub(m_old, m_new));
+    const auto c = ExpNonPositive(dk, hn::Sub(m_old, m_new));
     hn::StoreU(c, dk, corr + v * NL);
     hn::StoreU(hn::MulAdd(hn::LoadU(dk, l + v * NL), c, sum), dk, l + v * NL);
     hn::StoreU(m_new, dk, m + v * NL);
