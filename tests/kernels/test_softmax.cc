@@ -5,6 +5,7 @@
 // step over its whole argument range, where a core's tolerance would hide a
 // polynomial or range-reduction error on the keys that weigh little.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
