@@ -43,7 +43,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr float kNegBig = -1e30f;
 
 // exp(x) for x <= 0, the only arguments the softmax takes (a logit minus a
-// running maximum at least as large, or an old maximum minus a new one): 12
+// running maximum at least as large, or an old maximum minus a new one): 13
 // vector operations against about 25 in hwy::Exp, which is what the softmax
 // step costs per query-key pair beside the 2 x head_dim FMAs of QK and PV.
 // x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 in two

@@ -37,7 +37,7 @@ TEST_CASE("the softmax's exp is within 4 ulp over its whole argument range", "[s
     const g3::FlashOps& ops = g3::flash_ops(isa);
     INFO("isa cap " << isa << ", Highway target " << ops.isa);
     // Logits 0 (the maximum) down to -102.3 in steps that are not multiples
-    // of ln 2, so every reduced argument r in [-ln2/2, ln2/2] is met.
+    // of ln 2, so the reduced arguments r cover [-ln2/2, ln2/2] densely.
     const size_t width = 16 * 640;
     Tile t(width);
     for (size_t j = 0; j < width; ++j) t.s[j] = -float(j) * 0.00999f;
