@@ -75,7 +75,9 @@ int cmd_run(int argc, char** argv, int first) {
                  "After a run with decode steps it measures the DRAM read rate (about half a second)\n"
                  "and prints the decode floor: the bytes one step must read (every layer's projection\n"
                  "weights, each sequence's visible K/V rows at the mean decode context) at that rate,\n"
-                 "and the run's ms/token step as a multiple of it (\"decode_floor\" in --json).\n"
+                 "and the run's ms/token step as a multiple of it (\"decode_floor\" in --json); and\n"
+                 "each layer kind's mean decode ms per layer and step, the figure `g3attn bench\n"
+                 "--phase block --new-tokens 1` times for one layer (\"decode_ms_per_layer\").\n"
                  "With no arguments: --model 1b --prompt 2048 --decode 32 --chunk 512.\n\n"
               << a.usage();
     return 0;

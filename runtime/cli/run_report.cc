@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include "runtime/report/text_table.h"
 
@@ -28,9 +29,36 @@ void print_routing(const RunResult& res) {
   std::cout << format_table(table) << std::flush;
 }
 
+namespace {
+
+// Mean decode time of one layer of `kind` in one step, in ms (nullopt when
+// the model has no layer of that kind or the run took no decode step): the
+// figure to set beside the bench's 1-token block row of that kind, which
+// times one layer's step the same way.
+std::optional<double> decode_ms_per_layer(const RunRequest& r, const RunResult& res, LayerKind kind) {
+  double ms = 0;
+  int n = 0;
+  for (const RunLayer& l : res.layers)
+    if (l.kind == kind) ms += l.decode_ms, ++n;
+  if (n == 0 || r.decode <= 0) return std::nullopt;
+  return ms / n / double(r.decode);
+}
+
+}  // namespace
+
 void print_rates(const RunRequest& r, const RunResult& res, const std::string& split_label) {
   std::printf("prefill: %.1f tokens/s (%.3f s)\n", res.prefill_tokens_per_s, res.prefill_s);
-  if (r.decode > 0) std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+  if (r.decode > 0) {
+    std::printf("decode:  %.3f ms/token step (%.3f s)\n", res.decode_ms_per_token, res.decode_s);
+    std::printf("decode per layer and step:");
+    const char* sep = " ";
+    for (LayerKind kind : {LayerKind::Local, LayerKind::Global})
+      if (const auto ms = decode_ms_per_layer(r, res, kind)) {
+        std::printf("%s%s %.3f ms", sep, to_string(kind), *ms);
+        sep = ", ";
+      }
+    std::printf(" (what bench's 1-token block rows time)\n");
+  }
   const double tot = std::max(1e-9, res.local_ms + res.global_ms);
   std::printf("%s: local layers %.1f ms (%.0f%%), global layers %.1f ms (%.0f%%)\n", split_label.c_str(),
               res.local_ms, 100 * res.local_ms / tot, res.global_ms, 100 * res.global_ms / tot);
@@ -60,6 +88,14 @@ nlohmann::json run_json(const RunRequest& r, const RunResult& res) {
   j["prefill_tokens_per_s"] = res.prefill_tokens_per_s;
   j["prefill_s"] = res.prefill_s;
   j["decode_ms_per_token"] = res.decode_ms_per_token;
+  if (r.decode > 0) {
+    nlohmann::json per;
+    for (LayerKind kind : {LayerKind::Local, LayerKind::Global}) {
+      const auto ms = decode_ms_per_layer(r, res, kind);
+      per[to_string(kind)] = ms ? nlohmann::json(*ms) : nlohmann::json(nullptr);
+    }
+    j["decode_ms_per_layer"] = per;
+  }
   j["local_ms"] = res.local_ms;
   j["global_ms"] = res.global_ms;
   j["kv_bytes"] = {{"ring", res.kv.ring}, {"full_length", res.kv.full_length}};

@@ -233,6 +233,25 @@ TEST_CASE("g3attn run: summary, JSON and --verify on a small model", "[runtime][
   CHECK(j["layers"][5]["key"] != j["layers"][4]["key"]);
   CHECK(j["layers"][0]["key"] == j["layers"][4]["key"]);
   for (const char* f : {"index", "kind", "key", "backend", "isa", "ms"}) CHECK(j["layers"][0].contains(f));
+  // Each kind's decode ms per layer and step: the layers' decode times over
+  // the 3 steps, averaged per kind. The layers run inside the step, so their
+  // times add up to no more than the step's.
+  CHECK(r.out.find("decode per layer and step: local") != std::string::npos);
+  double local_sum = 0, global_sum = 0;
+  int nlocal = 0, nglobal = 0;
+  for (const auto& l : j["layers"]) {
+    if (l["kind"] == "local") local_sum += l["decode_ms"].get<double>(), ++nlocal;
+    else global_sum += l["decode_ms"].get<double>(), ++nglobal;
+  }
+  REQUIRE(nlocal == 15);
+  REQUIRE(nglobal == 3);
+  const double per_local = j["decode_ms_per_layer"]["local"].get<double>();
+  const double per_global = j["decode_ms_per_layer"]["global"].get<double>();
+  CHECK(per_local == Approx(local_sum / nlocal / 3));
+  CHECK(per_global == Approx(global_sum / nglobal / 3));
+  CHECK(per_local > 0);
+  CHECK(per_global > 0);
+  CHECK(nlocal * per_local + nglobal * per_global <= j["decode_ms_per_token"].get<double>() * (1 + 1e-9));
 
   CHECK(g3test::run_g3attn({"run", "--chunk", "0"}).exit_code == 2);
   CHECK(g3test::run_g3attn({"run", "--model", "nope"}).exit_code == 2);
