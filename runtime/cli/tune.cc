@@ -22,7 +22,7 @@ static std::vector<Option> tune_options() {
       {"model", Arity::Value, "LIST", "built-in sizes whose kernel keys to measure (default 1b,4b)"},
       {"isa", Arity::Value, "LIST",
        "ISA caps to measure: names, best or all (default $G3ATTN_ISA, else best: the cap runs use)"},
-      {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all (default f32)"},
+      {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all (default all)"},
       {"compute", Arity::Value, "MODE", "compute modes f32|bf16|all (default f32)"},
       {"threads", Arity::Value, "N", "threads, as runs will use them (default all cores)"},
       {"budget", Arity::Value, "SECONDS",
@@ -68,7 +68,7 @@ int cmd_tune(int argc, char** argv, int first) {
   } else {
     for (const auto& i : a.list("isa", isa)) o.isas.push_back(resolve_isa(requested_isa(i)));
   }
-  const std::string kv = a.str("kv-dtype", "f32");
+  const std::string kv = a.str("kv-dtype", "all");
   o.kv_dtypes = kv == "all" ? std::vector<DType>{DType::F32, DType::BF16}
                             : std::vector<DType>{parse_dtype(kv, "--kv-dtype")};
   const std::string cm = a.str("compute", "f32");

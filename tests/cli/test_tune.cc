@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -206,6 +207,14 @@ TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]
   const json j = json::parse(t.out);
   REQUIRE(j["entries"].is_array());
   REQUIRE(!j["entries"].empty());
+  // Both KV types by default: a bf16-cache run finds its keys measured too.
+  std::set<std::string> kv_types;
+  for (const json& e : j["entries"]) {
+    const std::string key = e["key"].get<std::string>();
+    const size_t kv = key.find("_kv") + 3;
+    kv_types.insert(key.substr(kv, key.rfind("_w") - kv));
+  }
+  CHECK(kv_types == std::set<std::string>{"f32", "bf16"});
   const g3::Profile p = g3::load_profile(j["profile"].get<std::string>());
   CHECK(p.cpu == g3::this_cpu().id());
   CHECK(p.version == g3::g3attn_version());
