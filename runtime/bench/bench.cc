@@ -70,15 +70,19 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Decode-sized block and projections rows run with cold caches. Between two
-// calls of one layer a decode step runs every other layer, whose weights
-// and K/V pass through the caches, so each layer finds its own in DRAM; a
-// row that repeats one layer would find its weights in the last-level cache
-// (1B's are 6 MB) and time less than a decode step spends on it. Before each
-// of those runs (untimed) the pool's threads read a buffer of three times
-// the last-level cache, at least 512 MiB (sysfs does not give the cache size
-// on every machine, and 512 MiB is more than any x86 part this project has
-// met has).
+// Decode-sized rows (the decode core's, and the 1-token block and
+// projections rows) run with cold caches. Between two calls of one layer a
+// decode step runs every other layer, whose weights and K/V pass through the
+// caches, so each layer finds its own in DRAM; a row that repeats one layer
+// would find its weights (1B's are 6 MB) or its K/V (a local layer's window:
+// 1-8 MB) in the last-level cache and time less than a decode step spends on
+// it; and tune, which picks decode backends from these rows, would pick the
+// core fastest from cache (on an AMD EPYC Zen 5, warm rows put xbyak 1.3x
+// ahead on 4B's bf16-KV local decode, cold ones the three cores within 1%).
+// Before each of those runs (untimed) the pool's threads read a buffer of
+// three times the last-level cache, at least 512 MiB (sysfs does not give the
+// cache size on every machine, and 512 MiB is more than any x86 part this
+// project has met has).
 class CacheEvictor {
  public:
   static size_t bytes() { return std::max<size_t>(size_t{512} << 20, 3 * size_t(std::max(0LL, llc_bytes()))); }
@@ -637,10 +641,11 @@ Result run_bench(Options o) {
         }
         prepare_env(pool, env, sh, L, o.new_tokens);
         run_once(pool, sh, L, env);  // warm-up: JIT first calls, page faults, caches
-        const bool cold = phase == Phase::Decode && (sh.phase == "block" || sh.phase == "projections");
+        const bool cold = phase == Phase::Decode;
         if (cold) {
           evictor.reserve();
-          notes.add("decode-sized block and projections rows ran with cold caches: an untimed read of " +
+          notes.add("decode-sized rows (decode, and 1-token block and projections) ran with cold caches: an "
+                    "untimed read of " +
                     fmt("%.0f", double(CacheEvictor::bytes()) / (1 << 20)) +
                     " MiB before each run, as a decode step finds a layer after the other layers ran");
         }

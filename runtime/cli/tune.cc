@@ -42,7 +42,7 @@ int cmd_tune(int argc, char** argv, int first) {
                  "Measures, on this CPU, every backend this build can run (highway, llvm, xbyak, amx)\n"
                  "on the attention core of each kernel key of the models, on the shapes of the bench's\n"
                  "default rows (prefill: 512 new tokens over 1024 and 4096 positions; decode: one token\n"
-                 "over 4096 and 32768), and writes the fastest per key, phase and ISA into this CPU's\n"
+                 "over 4096 and 32768, with cold caches as a decode step runs it), and writes the fastest per key, phase and ISA into this CPU's\n"
                  "profile in the cache directory ($G3ATTN_CACHE_DIR, else $XDG_CACHE_HOME/g3attn, else\n"
                  "~/.cache/g3attn). --backend auto then routes each layer's prefill and decode calls\n"
                  "to the measured winner; `g3attn plan` shows the choice and its margin. Where a global\n"
