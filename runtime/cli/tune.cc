@@ -69,9 +69,11 @@ int cmd_tune(int argc, char** argv, int first) {
   } else {
     for (const auto& i : a.list("isa", isa)) o.isas.push_back(resolve_isa(requested_isa(i)));
   }
-  const std::string kv = a.str("kv-dtype", "all");
-  o.kv_dtypes = kv == "all" ? std::vector<DType>{DType::F32, DType::BF16}
-                            : std::vector<DType>{parse_dtype(kv, "--kv-dtype")};
+  if (a.has("kv-dtype")) {  // else TuneOptions' default: both
+    const std::string kv = a.str("kv-dtype");
+    o.kv_dtypes = kv == "all" ? std::vector<DType>{DType::F32, DType::BF16}
+                              : std::vector<DType>{parse_dtype(kv, "--kv-dtype")};
+  }
   const std::string cm = a.str("compute", "f32");
   o.computes = cm == "all" ? std::vector<DType>{DType::F32, DType::BF16}
                            : std::vector<DType>{parse_dtype(cm, "--compute")};

@@ -198,27 +198,22 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   CHECK(json::parse(bad.out)["layers"][0]["source"] == "static rule");
 }
 
-TEST_CASE("g3attn tune measures both KV types unless --kv-dtype names one", "[tune][cli]") {
+TEST_CASE("g3attn tune measures both KV types by default", "[tune][cli]") {
   // The smallest model, one pass and a budget it does not reach: the
   // entries are what the defaults ask for, whatever the machine's load.
-  auto kv_types = [](const std::vector<std::string>& extra) {
-    g3test::TempDir dir;
-    std::vector<std::string> args = {"tune", "--model", "270m", "--rounds", "1", "--budget", "600", "--json"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const g3test::CmdResult t = g3test::run_g3attn(args, env_for(dir));
-    INFO(t.err);
-    REQUIRE(t.exit_code == 0);
-    const json j = json::parse(t.out);
-    std::set<std::string> kv;
-    for (const json& e : j["entries"]) {
-      const std::string key = e["key"].get<std::string>();
-      const size_t at = key.find("_kv") + 3;
-      kv.insert(key.substr(at, key.rfind("_w") - at));
-    }
-    return kv;
-  };
-  CHECK(kv_types({}) == std::set<std::string>{"f32", "bf16"});
-  CHECK(kv_types({"--kv-dtype", "bf16"}) == std::set<std::string>{"bf16"});
+  g3test::TempDir dir;
+  const g3test::CmdResult t = g3test::run_g3attn(
+      {"tune", "--model", "270m", "--rounds", "1", "--budget", "600", "--json"}, env_for(dir));
+  INFO(t.err);
+  REQUIRE(t.exit_code == 0);
+  const json j = json::parse(t.out);
+  std::set<std::string> kv;
+  for (const json& e : j["entries"]) {
+    const std::string key = e["key"].get<std::string>();
+    const size_t at = key.find("_kv") + 3;
+    kv.insert(key.substr(at, key.rfind("_w") - at));
+  }
+  CHECK(kv == std::set<std::string>{"f32", "bf16"});
 }
 
 TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]") {
