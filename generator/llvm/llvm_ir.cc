@@ -48,12 +48,6 @@ int pow2_divisor(int n, int cap) {
   return v;
 }
 
-int largest_dividing(int n, std::initializer_list<int> options) {
-  for (int o : options)
-    if (n % o == 0) return o;
-  return 1;
-}
-
 }  // namespace
 
 CoreTiling core_tiling(const KernelKey& key, const IrTarget& t) {
@@ -66,6 +60,16 @@ CoreTiling core_tiling(const KernelKey& key, const IrTarget& t) {
   c.tq = std::max(1, 64 / std::max(1, key.group));
   // Key tiles of 16 slots: one zmm of P per row, and the unit of skipping.
   c.tk = 16;
+  // Register blocks whose accumulators fill half the vector registers, so
+  // the operands beside them (and a target without FMA, its product
+  // temporaries) fit in the rest without spills: 4 x 4 with AVX-512's 32
+  // registers; 2 rows x 4 keys and 4 rows x 2 vectors with the 16 of SSE
+  // and AVX2, where 4 x 4 spilled.
+  const bool regs32 = t.vector_bits >= 512;
+  c.qk_rows = regs32 ? 4 : 2;
+  c.qk_keys = 4;
+  c.pv_rows = 4;
+  c.pv_vecs = regs32 ? 4 : 2;
   return c;
 }
 
@@ -397,7 +401,7 @@ struct Emitter::CoreState {
 // S[r][j] = sum_h q_r[h] k_{s0+j}[h] for the tile's R rows: RB rows x SB
 // keys per register block, VL-wide partial sums reduced at the end.
 void Emitter::emit_qk_tile(const CoreState& st, int R) {
-  const int TK = tiling_.tk, SB = std::min(4, TK), RB = largest_dividing(R, {4, 2, 1});
+  const int TK = tiling_.tk, SB = std::min(tiling_.qk_keys, TK), RB = pow2_divisor(R, tiling_.qk_rows);
   for_(c64(0), c64(R), RB, [&](Value* rb) {
     std::vector<Value*> qr;
     for (int i = 0; i < RB; ++i)
@@ -445,7 +449,7 @@ void Emitter::emit_qk_tile(const CoreState& st, int R) {
 // Invalid slots may hold anything (unwritten cache memory, NaN included):
 // their values are zeroed by the validity bits, so p = 0 never meets a NaN.
 void Emitter::emit_pv_tile(const CoreState& st, int R) {
-  const int TK = tiling_.tk, RB = largest_dividing(R, {4, 2, 1}), HB = largest_dividing(NV, {4, 2, 1});
+  const int TK = tiling_.tk, RB = pow2_divisor(R, tiling_.pv_rows), HB = pow2_divisor(NV, tiling_.pv_vecs);
   for_(c64(0), c64(R), RB, [&](Value* rb) {
     for_(c64(0), c64(NV), HB, [&](Value* hc) {
       std::vector<Value*> optr;

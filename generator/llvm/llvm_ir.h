@@ -16,7 +16,7 @@ namespace g3::llvmjit {
 
 // Bump whenever the emitted IR changes: it is part of every on-disk cache
 // entry's identity, so old objects are never reused by a newer generator.
-constexpr int kGeneratorVersion = 5;
+constexpr int kGeneratorVersion = 6;
 
 // Names of the emitted functions (each object lives in its own JITDylib, so
 // the names are the same for every key).
@@ -48,6 +48,10 @@ struct CoreTiling {
   int vl;        // floats per vector (a power of two dividing head_dim)
   int tq;        // query tokens per tile on the main path (the tail goes 1 by 1)
   int tk;        // key slots per tile (the unit of mask-based skipping)
+  int qk_rows;   // register block of S = Q K^T: at most qk_rows rows x qk_keys keys
+  int qk_keys;
+  int pv_rows;   // register block of O += P V: at most pv_rows rows x pv_vecs vectors
+  int pv_vecs;
 };
 CoreTiling core_tiling(const KernelKey& key, const IrTarget& t);
 
