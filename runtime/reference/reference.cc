@@ -238,7 +238,7 @@ namespace {
 template <bool kBf16>
 void core_impl(const g3_core_args* a) {
   const int64_t H = a->head_dim, G = a->group;
-  std::vector<double> p(size_t(a->S));
+  std::vector<double> p(static_cast<size_t>(a->S)), acc(static_cast<size_t>(H));
   for (int64_t t = 0; t < a->T; ++t) {
     const g3_row_bounds rb = g3_bounds_of(a, t);
     for (int64_t g = 0; g < G; ++g) {
@@ -264,13 +264,16 @@ void core_impl(const g3_core_args* a) {
       for (int64_t s = 0; s < a->S; ++s) sum += (p[s] = p[s] == -INFINITY ? 0.0 : std::exp(p[s] - mx));
       // Hidden slots (p = 0 exactly) are never read: whatever they hold,
       // NaN included, cannot reach the output. In bf16 compute the weights
-      // and values are rounded for the product, the sum stays exact.
-      for (int64_t h = 0; h < H; ++h) {
-        double acc = 0;
-        for (int64_t s = 0; s < a->S; ++s)
-          if (p[s] != 0) acc += op<kBf16>(p[s]) * op<kBf16>(load_kv(a->v, a->kv_dtype, s * H + h));
-        o[h] = static_cast<float>(acc / sum);
+      // and values are rounded for the product, the sum stays exact. Slots
+      // are the outer loop so that hidden ones are skipped once, not once
+      // per dimension; each acc[h] still adds its terms in slot order.
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t s = 0; s < a->S; ++s) {
+        if (p[s] == 0) continue;
+        const double ps = op<kBf16>(p[s]);
+        for (int64_t h = 0; h < H; ++h) acc[h] += ps * op<kBf16>(load_kv(a->v, a->kv_dtype, s * H + h));
       }
+      for (int64_t h = 0; h < H; ++h) o[h] = static_cast<float>(acc[h] / sum);
       if (a->lse) a->lse[t * G + g] = static_cast<float>(mx + std::log(sum));
     }
   }
