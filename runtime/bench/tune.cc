@@ -72,14 +72,14 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
   auto shape_of = [&](const Row& r) { return id_of(r) + "|" + std::to_string(*r.context); };
   std::map<std::string, const Row*> first;
   const auto sums = relative_sums(rows, use, id_of, shape_of, [](const Row& r) { return r.backend; }, first);
-  // The fastest candidate at each context, among those the sums kept. Not
-  // on local layers: past the window their calls do the same work at every
-  // context, so a winner per context would only follow the noise.
-  std::map<std::string, std::map<int64_t, const Row*>> fastest;
+  // Each kept candidate's time at each context. Not on local layers: past
+  // the window their calls do the same work at every context, so a route
+  // by context would only follow the noise.
+  std::map<std::string, std::map<int64_t, std::map<std::string, double>>> at;
   for (const Row& r : rows) {
     if (!use(r) || r.kind == "local" || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
-    const Row*& f = fastest[id_of(r)][*r.context];
-    if (!f || r.ms_median < f->ms_median) f = &r;
+    double& ms = at[id_of(r)][*r.context].try_emplace(r.backend, r.ms_median).first->second;
+    ms = std::min(ms, r.ms_median);
   }
   std::vector<ProfileEntry> out;
   for (const auto& [id, per] : sums) {
@@ -89,7 +89,7 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
     e.isa = r.isa_cap;
     e.phase = r.phase == "decode" ? Phase::Decode : Phase::Prefill;
     choose(e, per);
-    for (const auto& [ctx, f] : fastest[id]) e.best_at[ctx] = f->backend;
+    e.ms_at = at[id];
     if (!e.best.empty()) out.push_back(e);
   }
   return out;

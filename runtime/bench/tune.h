@@ -47,8 +47,8 @@ TuneResult run_tune(const TuneOptions& o);
 
 // The profile entries a set of bench rows implies: per (key, phase, ISA),
 // the backend with the lowest sum over contexts of its time relative to the
-// fastest row of each context; on global layers, also the fastest backend
-// at each context (ProfileEntry::best_at).
+// fastest row of each context; on global layers, also each backend's time
+// at each context (ProfileEntry::ms_at).
 std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
 
 // The projection entries a set of bench rows implies (projections rows with

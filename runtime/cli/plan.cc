@@ -129,20 +129,30 @@ int cmd_plan(int argc, char** argv, int first) {
     }
     // Auto's sources; where the profile's winner changes with the context,
     // the calls of each context range take its winner (block.h for_call).
+    // The decode column names each range's backend then ("xbyak, highway
+    // from 4700"), since the layer's own decode choice does not serve them.
     std::string why = c.source == dc.source ? c.source : "prefill " + c.source + "; decode " + dc.source;
+    std::string decode_col = dc.backend;
     if (backend == "auto")
-      for (Phase ph : {Phase::Prefill, Phase::Decode})
-        for (const ContextRoute& r : context_routes(key, ph, isa)) {
+      for (Phase ph : {Phase::Prefill, Phase::Decode}) {
+        const std::vector<ContextRoute> routes = context_routes(key, ph, isa);
+        if (ph == Phase::Decode && !routes.empty()) decode_col.clear();
+        for (const ContextRoute& r : routes) {
           why += std::string("; ") + to_string(ph) + " from context " + std::to_string(r.from) + ": " +
-                 r.route.backend;
-          j["by_context"][to_string(ph)].push_back({{"from", r.from}, {"backend", r.route.backend}});
+                 r.route.backend + " (" + r.route.source + ")";
+          j["by_context"][to_string(ph)].push_back(
+              {{"from", r.from}, {"backend", r.route.backend}, {"source", r.route.source}});
+          if (ph == Phase::Decode)
+            decode_col += decode_col.empty() ? r.route.backend
+                                             : ", " + r.route.backend + " from " + std::to_string(r.from);
         }
+      }
     layers.push_back(j);
     std::string be = c.backend + (c.kernels.specialised ? "" : " (generic)");
     table.push_back({std::to_string(l.index), to_string(l.kind), l.window > 0 ? std::to_string(l.window) : "-",
                      fmt_double(l.rope_base), fmt_double(l.rope_scale), fmt_double(l.alpha, 9),
                      std::to_string(l.num_heads), std::to_string(l.num_kv_heads), std::to_string(l.head_dim),
-                     key.str(), be, dc.backend, c.kernels.isa});
+                     key.str(), be, decode_col, c.kernels.isa});
     if (backend == "auto") table.back().push_back(why);
   }
   // Without a profile auto runs the static rule; say once how to measure.

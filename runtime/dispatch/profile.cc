@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -128,7 +129,7 @@ void save_profile(const Profile& p, const std::string& path) {
   for (const ProfileEntry& e : p.entries) {
     nlohmann::json je = {{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
                          {"ms", e.ms}, {"rel", e.rel}};
-    for (const auto& [ctx, name] : e.best_at) je["best_at"][std::to_string(ctx)] = name;
+    for (const auto& [ctx, ms] : e.ms_at) je["ms_at"][std::to_string(ctx)] = ms;
     j["entries"].push_back(je);
   }
   j["projections"] = nlohmann::json::array();
@@ -148,7 +149,9 @@ Profile load_profile(const std::string& path) {
   try {
     const nlohmann::json j = nlohmann::json::parse(ss.str());
     p.format = j.at("format").get<int>();
-    if (p.format != 1) throw InputError(path + ": profile format " + std::to_string(p.format) + " is not 1");
+    if (p.format != Profile{}.format)
+      throw InputError(path + ": profile format " + std::to_string(p.format) + " is not " +
+                       std::to_string(Profile{}.format));
     p.version = j.at("g3attn_version").get<std::string>();
     p.cpu = j.at("cpu").at("id").get<std::string>();
     p.threads = j.at("threads").get<int>();
@@ -163,9 +166,13 @@ Profile load_profile(const std::string& path) {
       pe.ms = e.at("ms").get<std::map<std::string, double>>();
       pe.rel = e.at("rel").get<std::map<std::string, double>>();
       if (!pe.rel.count(pe.best)) throw InputError(path + ": entry " + pe.key + " has no score for its best backend");
+      for (const auto* m : {&pe.ms, &pe.rel})
+        for (const auto& [name, v] : *m)
+          if (!std::isfinite(v) || v <= 0)
+            throw InputError(path + ": entry " + pe.key + " has a time for " + name + " that is not a positive number");
       if (!find_backend(pe.best)) throw InputError(path + ": unknown backend '" + pe.best + "'");
-      if (e.contains("best_at"))
-        for (const auto& [ctx, name] : e.at("best_at").items()) {
+      if (e.contains("ms_at"))
+        for (const auto& [ctx, per] : e.at("ms_at").items()) {
           size_t used = 0;
           long long c = 0;
           try {
@@ -175,8 +182,16 @@ Profile load_profile(const std::string& path) {
           if (used == 0 || used != ctx.size() || c < 1)
             throw InputError(path + ": entry " + pe.key + " has a context '" + ctx +
                              "' that is not a positive integer");
-          pe.best_at[c] = name.get<std::string>();
-          if (!find_backend(pe.best_at[c])) throw InputError(path + ": unknown backend '" + pe.best_at[c] + "'");
+          auto& at = pe.ms_at[c];
+          at = per.get<std::map<std::string, double>>();
+          for (const auto& [name, ms] : at) {
+            if (!find_backend(name)) throw InputError(path + ": unknown backend '" + name + "'");
+            if (!std::isfinite(ms) || ms <= 0)
+              throw InputError(path + ": entry " + pe.key + " has a time for " + name + " at context " + ctx +
+                               " that is not a positive number");
+          }
+          if (!at.count(pe.best))
+            throw InputError(path + ": entry " + pe.key + " has no time for its best backend at context " + ctx);
         }
       p.entries.push_back(pe);
     }
@@ -262,29 +277,62 @@ AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa) 
   return r;
 }
 
+std::vector<ContextRoute> context_routes(const ProfileEntry& e,
+                                         const std::function<bool(const std::string&)>& servable) {
+  if (e.ms_at.size() < 2 || !servable(e.best)) return {};
+  // Each context's winner: the entry's best unless a servable backend was
+  // more than a near-tie faster there.
+  std::vector<std::pair<int64_t, std::string>> winner;
+  for (const auto& [ctx, per] : e.ms_at) {
+    const double own = per.at(e.best);
+    std::string w = e.best;
+    double w_ms = own;
+    for (const auto& [name, ms] : per)
+      if (ms < w_ms && ms * (1 + kContextTie) < own && servable(name)) w = name, w_ms = ms;
+    winner.emplace_back(ctx, w);
+  }
+  std::vector<ContextRoute> out;
+  for (size_t i = 0; i < winner.size(); ++i) {
+    const auto& [ctx, name] = winner[i];
+    if (!out.empty() && out.back().route.backend == name) continue;  // neighbours with one winner are one range
+    ContextRoute c;
+    if (i > 0) {
+      // a served the previous context, b serves this one: g = ln(b / a)
+      // goes from above zero (a faster) to below; the switch is where its
+      // line in log context crosses zero (the midpoint in log scale when a
+      // time is missing or the two do not cross).
+      const int64_t c0 = winner[i - 1].first;
+      const std::string& a = winner[i - 1].second;
+      const auto& p0 = e.ms_at.at(c0);
+      const auto& p1 = e.ms_at.at(ctx);
+      double t = 0.5;
+      if (p0.count(name) && p1.count(a)) {
+        const double g0 = std::log(p0.at(name) / p0.at(a)), g1 = std::log(p1.at(name) / p1.at(a));
+        if (g0 > g1) t = std::clamp(g0 / (g0 - g1), 0.0, 1.0);
+      }
+      const double at = std::exp(std::log(double(c0)) + t * (std::log(double(ctx)) - std::log(double(c0))));
+      c.from = std::clamp(int64_t(std::ceil(at * (1 - 1e-12))), c0 + 1, ctx);  // not 33 for 32 + rounding
+    }
+    c.route.backend = name;
+    char buf[96];
+    const double own = e.ms_at.at(ctx).at(e.best), ms = e.ms_at.at(ctx).at(name);
+    if (name == e.best)
+      std::snprintf(buf, sizeof buf, "profile: best over all contexts");
+    else
+      std::snprintf(buf, sizeof buf, "profile: %.2fx %s at context %lld", own / ms, e.best.c_str(), (long long)ctx);
+    c.route.source = buf;
+    c.route.from_profile = true;
+    out.push_back(c);
+  }
+  if (out.size() < 2) return {};
+  return out;
+}
+
 std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, const std::string& isa) {
   const Profile* p = active_profile();
   const ProfileEntry* e = p ? p->find(key.str(), phase, isa) : nullptr;
-  if (!e || e->best_at.size() < 2) return {};
-  std::set<std::string> winners;
-  for (const auto& [ctx, name] : e->best_at) {
-    if (!can_serve(name, key, isa)) return {};  // the whole entry's choice then, as auto_route makes it
-    winners.insert(name);
-  }
-  if (winners.size() < 2) return {};
-  std::vector<ContextRoute> out;
-  int64_t prev = 0;
-  for (const auto& [ctx, name] : e->best_at) {
-    ContextRoute c;
-    c.from = out.empty() ? 0 : int64_t(std::ceil(std::sqrt(double(prev) * double(ctx))));
-    c.route.backend = name;
-    c.route.source = "profile: fastest at context " + std::to_string(ctx);
-    c.route.from_profile = true;
-    // Neighbours with the same winner are one range.
-    if (out.empty() || out.back().route.backend != name) out.push_back(c);
-    prev = ctx;
-  }
-  return out;
+  if (!e) return {};
+  return context_routes(*e, [&](const std::string& name) { return can_serve(name, key, isa); });
 }
 
 }  // namespace g3

@@ -9,12 +9,14 @@
 // The file: <cache dir>/tune-<16 hex digits of the CPU identity's hash>.json
 // (the cache directory of the LLVM objects: $G3ATTN_CACHE_DIR, else
 // $XDG_CACHE_HOME/g3attn, else ~/.cache/g3attn):
-//   {"format": 1, "g3attn_version": "...", "cpu": {...}, "threads": N,
+//   {"format": 2, "g3attn_version": "...", "cpu": {...}, "threads": N,
 //    "entries": [{"key", "phase": "prefill"|"decode", "isa", "best",
 //                 "ms": {backend: ms, ...}, "rel": {backend: score, ...},
-//                 "best_at": {"<context>": backend, ...}}]}
-// ("best_at" is optional.)
+//                 "ms_at": {"<context>": {backend: ms, ...}, ...}}]}
+// ("ms_at" is optional; format 1 kept only each context's winner, which
+// cannot place a switch between contexts, so it counts as stale.)
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,13 +48,13 @@ struct ProfileEntry {
   // score the choice minimises: every context counts alike).
   std::map<std::string, double> ms, rel;
   double margin() const;              // runner-up rel / best rel - 1 (0 with one backend)
-  // The fastest backend at each context measured. The winner can change
-  // with the context: a decode over 4096 positions reads K/V from the
-  // last-level cache, one over 32768 from DRAM, and the kernels that win
-  // the first need not win the second. When the contexts disagree, auto
-  // routes each call to the winner of the measured context nearest its own
-  // (context_routes below); `best` stays the choice over all of them.
-  std::map<int64_t, std::string> best_at;
+  // Each backend's median ms at each context measured. The winner can
+  // change with the context: a decode over 4096 positions reads K/V from
+  // the last-level cache, one over 32768 from DRAM, and the kernels that
+  // win the first need not win the second. Where the contexts disagree by
+  // more than a near-tie, auto routes calls by context (context_routes
+  // below); `best` stays the choice over all of them.
+  std::map<int64_t, std::map<std::string, double>> ms_at;
 };
 
 // Which projection provider (onednn_route.h: "highway" or "onednn") was
@@ -68,7 +70,7 @@ struct ProjectionEntry {
 };
 
 struct Profile {
-  int format = 1;
+  int format = 2;
   std::string version, cpu;  // g3attn_version(), this_cpu().id() when written
   int threads = 0;
   std::vector<ProfileEntry> entries;
@@ -100,15 +102,22 @@ struct AutoRoute {
 };
 AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
 
-// Where auto's choice for (key, phase, ISA cap) changes with the context:
-// the profile entry's winners by context when they disagree, each with the
-// smallest context it serves (0 for the first; then the geometric mean of
-// two neighbouring measured contexts, the midpoint in log scale). Empty
-// when one backend serves every context.
+// Where auto's choice for (key, phase, ISA cap) changes with the context,
+// each choice with the smallest context it serves, in rising order; empty
+// when one backend serves every context. At each measured context the
+// entry's `best` keeps the call unless a backend that can serve it was
+// more than kContextTie faster there (a smaller gain is within this
+// machine's noise, and a wrong switch costs more than it can win). Between
+// two neighbouring contexts with different winners the switch sits where
+// the log of their time ratio, interpolated in log context, crosses zero.
 struct ContextRoute {
   int64_t from = 0;
   AutoRoute route;
 };
+constexpr double kContextTie = 0.05;
 std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, const std::string& isa);
+// The same for one entry, `servable` saying which backends can run now.
+std::vector<ContextRoute> context_routes(const ProfileEntry& e,
+                                         const std::function<bool(const std::string&)>& servable);
 
 }  // namespace g3

@@ -23,17 +23,6 @@ WeightSource run_weight_source(const RunRequest& r) {
   return [seed, wd](const LayerSpec& s) { return random_layer_weights(s, seed, wd); };
 }
 
-RunLayer run_layer_route(const PreparedLayer& P) {
-  RunLayer rl;
-  rl.index = P.spec.index;
-  rl.kind = P.spec.kind;
-  rl.key = P.key.str();
-  rl.backend = P.kernels.backend;
-  rl.isa = P.kernels.kernels.isa;
-  rl.specialised = P.kernels.kernels.specialised;
-  return rl;
-}
-
 RunInputs run_inputs(const RunRequest& r) {
   RunInputs in;
   in.B = r.batch;

@@ -40,10 +40,6 @@ RunInputs run_inputs(const RunRequest& r);
 // random weights drawn from r.seed in r.weight_dtype.
 WeightSource run_weight_source(const RunRequest& r);
 
-// The routing fields of a RunLayer (index, kind, key, backend, ISA) for a
-// prepared layer.
-RunLayer run_layer_route(const PreparedLayer& P);
-
 // Runs the scalar reference stack (the official full-length caches) on the
 // run's inputs and fills res.max_abs_diff* and verify_s against
 // res.final_hidden (NaN counts as an infinite difference).

@@ -6,6 +6,7 @@
 // G3ATTN_CACHE_DIR.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -55,15 +56,16 @@ TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to e
   REQUIRE(entries.size() == 2);
   // A local layer's calls do the same work past the window: one winner.
   for (g3::bench::Row& r : rows) r.kind = "local";
-  for (const g3::ProfileEntry& e : g3::bench::entries_from_rows(rows)) CHECK(e.best_at.empty());
+  for (const g3::ProfileEntry& e : g3::bench::entries_from_rows(rows)) CHECK(e.ms_at.empty());
   for (const g3::ProfileEntry& e : entries) {
     if (e.phase == g3::Phase::Decode) {
       CHECK(e.best == "highway");
       CHECK(e.rel.at("highway") == Approx(1.0 + 10.5 / 10.0));
       CHECK(e.rel.at("xbyak") == Approx(2.0 + 1.0));
       CHECK(e.ms.at("xbyak") == Approx(12.0));
-      // The winner of each context on its own.
-      CHECK(e.best_at == std::map<int64_t, std::string>{{4096, "highway"}, {32768, "xbyak"}});
+      // Each backend's time at each context, for routes by context.
+      CHECK(e.ms_at == std::map<int64_t, std::map<std::string, double>>{{4096, {{"highway", 1.0}, {"xbyak", 2.0}}},
+                                                                      {32768, {{"highway", 10.5}, {"xbyak", 10.0}}}});
     } else {
       // The reference and auto rows are never candidates.
       CHECK(e.best == "llvm");
@@ -71,6 +73,41 @@ TEST_CASE("tune keeps, per key, phase and ISA, the backend fastest relative to e
       CHECK(e.margin() == Approx(0.25));
     }
   }
+}
+
+TEST_CASE("a route by context switches where the measured time ratio crosses 1, never on a near-tie", "[tune]") {
+  auto all = [](const std::string&) { return true; };
+  g3::ProfileEntry e;
+  e.best = "highway";
+  // xbyak 1.25x faster at 4096, Highway 1.5x faster at 32768: ln(1.25) /
+  // (ln(1.25) + ln(1.5)) = 0.355 of the way from 4096 to 32768 in log
+  // context, 4096 * 8^0.355 = 8570.
+  e.ms_at = {{4096, {{"highway", 1.0}, {"xbyak", 0.8}}}, {32768, {{"highway", 2.0}, {"xbyak", 3.0}}}};
+  std::vector<g3::ContextRoute> r = g3::context_routes(e, all);
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].from == 0);
+  CHECK(r[0].route.backend == "xbyak");
+  CHECK(r[0].route.source == "profile: 1.25x highway at context 4096");
+  CHECK(r[1].route.backend == "highway");
+  CHECK(std::abs(double(r[1].from) - 4096 * std::pow(8.0, std::log(1.25) / std::log(1.25 * 1.5))) <= 1.0);
+  // Within the near-tie at 4096 (xbyak 3% faster): one backend throughout.
+  e.ms_at[4096]["xbyak"] = 0.97;
+  CHECK(g3::context_routes(e, all).empty());
+  // A winner that cannot run here is no candidate.
+  e.ms_at[4096]["xbyak"] = 0.5;
+  CHECK(g3::context_routes(e, [](const std::string& n) { return n != "xbyak"; }).empty());
+  // Three contexts, the middle one's winner differs: three ranges, each
+  // switch between its neighbours.
+  e.ms_at = {{1024, {{"highway", 1.0}, {"llvm", 1.2}}},
+             {4096, {{"highway", 1.0}, {"llvm", 0.5}}},
+             {32768, {{"highway", 1.0}, {"llvm", 2.0}}}};
+  r = g3::context_routes(e, all);
+  REQUIRE(r.size() == 3);
+  CHECK(r[0].route.backend == "highway");
+  CHECK(r[1].route.backend == "llvm");
+  CHECK((r[1].from > 1024 && r[1].from < 4096));
+  CHECK(r[2].route.backend == "highway");
+  CHECK((r[2].from > 4096 && r[2].from < 32768));
 }
 
 TEST_CASE("over several passes, each row keeps its fastest", "[tune]") {
@@ -123,8 +160,9 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   const g3test::CmdResult keys =
       g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
   REQUIRE(keys.exit_code == 0);
-  // Decode on the reference up to context 8 measured, on Highway at 128:
-  // the switch is at their geometric mean, 32. Prefill has one winner.
+  // Decode: the reference twice as fast at context 8, Highway twice as fast
+  // at 128; their time ratio crosses 1 midway in log context, at 32.
+  // Prefill has one winner.
   g3::Profile p;
   p.version = g3::g3attn_version();
   p.cpu = g3::this_cpu().id();
@@ -141,13 +179,16 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
       e.best = "highway";
       e.ms = {{"highway", 1.0}, {"reference", 1.0}};
       e.rel = {{"highway", 2.0}, {"reference", 2.0}};
-      e.best_at = ph == g3::Phase::Decode ? std::map<int64_t, std::string>{{8, "reference"}, {128, "highway"}}
-                                          : std::map<int64_t, std::string>{{8, "highway"}, {128, "highway"}};
+      e.ms_at = ph == g3::Phase::Decode
+                    ? std::map<int64_t, std::map<std::string, double>>{{8, {{"highway", 2.0}, {"reference", 1.0}}},
+                                                                       {128, {{"highway", 1.0}, {"reference", 2.0}}}}
+                    : std::map<int64_t, std::map<std::string, double>>{{8, {{"highway", 1.0}, {"reference", 2.0}}},
+                                                                       {128, {{"highway", 1.0}, {"reference", 2.0}}}};
       p.entries.push_back(e);
     }
   }
   g3::save_profile(p, profile_in(dir));
-  CHECK(g3::load_profile(profile_in(dir)).entries.at(1).best_at == p.entries.at(1).best_at);
+  CHECK(g3::load_profile(profile_in(dir)).entries.at(1).ms_at == p.entries.at(1).ms_at);
 
   const g3test::CmdResult pl =
       g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
@@ -158,8 +199,11 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   for (const json& l : planned) {
     CHECK(l["decode_backend"] == "highway");
     CHECK_FALSE(l["by_context"].contains("prefill"));
-    CHECK(l["by_context"]["decode"] == json::parse(R"([{"from": 0, "backend": "reference"},
-                                                         {"from": 32, "backend": "highway"}])"));
+    REQUIRE(l["by_context"]["decode"].size() == 2);
+    CHECK(l["by_context"]["decode"][0]["from"] == 0);
+    CHECK(l["by_context"]["decode"][0]["backend"] == "reference");
+    CHECK(l["by_context"]["decode"][1]["from"] == 32);
+    CHECK(l["by_context"]["decode"][1]["backend"] == "highway");
   }
   // Decode steps from context 17 to 48 cross the switch; the stack still
   // equals the reference stack.
@@ -196,6 +240,14 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   REQUIRE(bad.exit_code == 0);
   CHECK(bad.err.find("is not a positive integer") != std::string::npos);
   CHECK(json::parse(bad.out)["layers"][0]["source"] == "static rule");
+  // So does a time at a context that is not a positive number.
+  text.replace(text.find("\"8x\""), 4, "\"8\"");
+  text.replace(text.find("\"reference\": 2.0", text.find("\"ms_at\"")), 16, "\"reference\": -2.0");
+  g3test::write_text(profile_in(dir), text);
+  const g3test::CmdResult neg =
+      g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  REQUIRE(neg.exit_code == 0);
+  CHECK(neg.err.find("that is not a positive number") != std::string::npos);
 }
 
 TEST_CASE("g3attn tune measures both KV types by default", "[tune][cli]") {
