@@ -66,7 +66,10 @@ CpuIdentity read_cpu() {
   std::istringstream fs(flags);
   for (std::string w; fs >> w;) have.insert(w);
   for (const char* name : kFeatures)
-    if (have.count(name)) c.features += (c.features.empty() ? "" : " ") + std::string(name);
+    if (have.count(name)) {
+      if (!c.features.empty()) c.features += ' ';
+      c.features += name;
+    }
   return c;
 }
 
@@ -79,7 +82,9 @@ const CpuIdentity& this_cpu() {
   return c;
 }
 
-double ProfileEntry::margin() const {
+// The runner-up's relative time over the best one's, minus 1 (0 with one
+// candidate): how much the best one wins by.
+static double margin_of(const std::map<std::string, double>& rel, const std::string& best) {
   double second = 0;
   for (const auto& [name, r] : rel)
     if (name != best && (second == 0 || r < second)) second = r;
@@ -87,13 +92,9 @@ double ProfileEntry::margin() const {
   return second > 0 && it != rel.end() && it->second > 0 ? second / it->second - 1 : 0;
 }
 
-double ProjectionEntry::margin() const {
-  double second = 0;
-  for (const auto& [name, r] : rel)
-    if (name != best && (second == 0 || r < second)) second = r;
-  const auto it = rel.find(best);
-  return second > 0 && it != rel.end() && it->second > 0 ? second / it->second - 1 : 0;
-}
+double ProfileEntry::margin() const { return margin_of(rel, best); }
+
+double ProjectionEntry::margin() const { return margin_of(rel, best); }
 
 const ProjectionEntry* Profile::find_projection(Phase phase, DType compute) const {
   for (const ProjectionEntry& e : projections)
