@@ -27,6 +27,7 @@
 #include "generator/bf16.h"
 #include "generator/catalogue.h"
 #include "generator/errors.h"
+#include "runtime/dispatch/big_buffer.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
 #include "runtime/exec/block.h"
@@ -82,21 +83,23 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // Before each of those runs (untimed) the pool's threads read a buffer of
 // three times the last-level cache, at least 512 MiB (sysfs does not give the
 // cache size on every machine, and 512 MiB is more than any x86 part this
-// project has met has).
+// project has met has). The buffer is on 2 MiB pages like the runtime's
+// weights and caches, so the read evicts the caches without also emptying
+// the TLB, which a decode step (a few hundred huge pages) does not.
 class CacheEvictor {
  public:
   static size_t bytes() { return std::max<size_t>(size_t{512} << 20, 3 * size_t(std::max(0LL, llc_bytes()))); }
   // The buffer is written (its pages faulted in) once, outside any timing.
   void reserve() {
-    if (buf_.empty()) buf_.assign(bytes() / sizeof(uint64_t), 1);
+    if (!buf_) buf_ = alloc_big_zeroed(bytes());
   }
   void run(ThreadPool& pool) {
     reserve();
-    const int64_t items = 64, per = int64_t(buf_.size()) / items;
+    const int64_t items = 64, per = int64_t(bytes() / sizeof(uint64_t)) / items;
     pool.parallel_for(items, [&](int64_t i) {
       // One load per 64-byte line brings the line in; the sum, stored, keeps
       // the loads from being dropped.
-      const uint64_t* p = buf_.data() + i * per;
+      const uint64_t* p = reinterpret_cast<const uint64_t*>(buf_.get()) + i * per;
       uint64_t sum = 0;
       for (int64_t j = 0; j < per; j += 8) sum += p[j];
       sink_.fetch_add(sum, std::memory_order_relaxed);
@@ -104,7 +107,7 @@ class CacheEvictor {
   }
 
  private:
-  std::vector<uint64_t> buf_;
+  std::shared_ptr<uint8_t> buf_;
   std::atomic<uint64_t> sink_{0};
 };
 

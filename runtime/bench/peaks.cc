@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "generator/xbyak/amx_permission.h"
+#include "runtime/dispatch/big_buffer.h"
 
 namespace g3::bench {
 
@@ -319,8 +320,11 @@ DramRead measure_dram_read(int threads) {
   std::vector<float*> slices(static_cast<size_t>(threads), nullptr);
   bool ok = true;
   for (auto& s : slices) {
-    s = static_cast<float*>(std::aligned_alloc(4096, per));
-    if (!s) ok = false;
+    try {
+      s = static_cast<float*>(alloc_big(per));  // 2 MiB pages, as the runtime's buffers
+    } catch (const std::bad_alloc&) {
+      ok = false;
+    }
   }
   DramRead d;
   if (ok && n >= 64) {

@@ -1,10 +1,7 @@
 #include "runtime/dispatch/packed_weights.h"
 
-#include <cstdlib>
-#include <cstring>
-#include <new>
-
 #include "generator/bf16.h"
+#include "runtime/dispatch/big_buffer.h"
 
 namespace g3 {
 
@@ -37,10 +34,8 @@ PackedWeights pack_weights(const WeightMatrix& w, DType compute) {
   p.N = w.rows;
   p.K = w.cols;
   size_t bytes = p.bytes();
-  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-  if (!mem) throw std::bad_alloc();
-  std::memset(mem, 0, (bytes + 63) / 64 * 64 + 64);
-  p.storage = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
+  p.storage = alloc_big_zeroed(bytes);
+  void* mem = p.storage.get();
   for (int64_t n = 0; n < p.N; ++n) {
     int64_t panel = n / G3_PANEL, j = n % G3_PANEL;
     for (int64_t k = 0; k < p.K; ++k) {

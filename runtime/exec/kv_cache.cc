@@ -1,11 +1,9 @@
 #include "runtime/exec/kv_cache.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 
 #include "generator/errors.h"
+#include "runtime/dispatch/big_buffer.h"
 
 namespace g3 {
 
@@ -26,19 +24,10 @@ KvBytes kv_bytes(const ModelConfig& m, int64_t context, int64_t batch, DType dty
   return r;
 }
 
-static std::shared_ptr<uint8_t> alloc_zeroed(size_t bytes) {
-  // 64-byte aligned so a vector kernel's first slot starts on a cache line.
-  size_t n = (bytes + 63) / 64 * 64 + 64;
-  void* p = std::aligned_alloc(64, n);
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0, n);
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
-}
-
 LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk) {
   init(spec, dtype, batch, context, chunk);
-  k_ = alloc_zeroed(seq_bytes_ * size_t(batch));
-  v_ = alloc_zeroed(seq_bytes_ * size_t(batch));
+  k_ = alloc_big_zeroed(seq_bytes_ * size_t(batch));
+  v_ = alloc_big_zeroed(seq_bytes_ * size_t(batch));
 }
 
 LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk, void* k,
