@@ -20,13 +20,13 @@ namespace g3::bench {
 
 struct TuneOptions {
   std::vector<std::string> models = {"1b", "4b"};
-  std::vector<std::string> isas;             // resolved names; empty: the best one here
+  std::vector<std::string> isas;             // resolved names, the best measured first; empty: the best one here
   // Both KV types by default: a bf16 cache is a run option, its kernel keys
   // are keys of their own, and a key tune did not measure keeps the static rule.
   std::vector<DType> kv_dtypes = {DType::F32, DType::BF16};
   std::vector<DType> computes = {DType::F32};
   int threads = 0;                           // 0: every core
-  double budget_seconds = 120;               // shapes not reached in time keep the static rule
+  double budget_seconds = 300;               // shapes and caps not reached in time keep the static rule
   // Passes over every row. A row keeps its fastest pass: on a shared
   // machine a neighbour slows every row it overlaps, sometimes by 3x for
   // a minute (AMD EPYC Zen 5, 2 cores), and only slows, so the fastest of

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -21,12 +22,13 @@ static std::vector<Option> tune_options() {
   return {
       {"model", Arity::Value, "LIST", "built-in sizes whose kernel keys to measure (default 1b,4b)"},
       {"isa", Arity::Value, "LIST",
-       "ISA caps to measure: names, best or all (default $G3ATTN_ISA, else best: the cap runs use)"},
+       "ISA caps to measure: names, best or all (default $G3ATTN_ISA, else all: every cap this machine and build "
+       "run, as bench's default rows do, the best one first)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all (default all)"},
       {"compute", Arity::Value, "MODE", "compute modes f32|bf16|all (default f32)"},
       {"threads", Arity::Value, "N", "threads, as runs will use them (default all cores)"},
       {"budget", Arity::Value, "SECONDS",
-       "stop measuring after about this long; keys not reached keep the static rule (default 120)"},
+       "stop measuring after about this long; keys and ISA caps not reached keep the static rule (default 300)"},
       {"rounds", Arity::Value, "N",
        "passes over every row while the budget lasts; each row keeps its fastest, the one a busy machine "
        "disturbed least (default 3)"},
@@ -63,7 +65,12 @@ int cmd_tune(int argc, char** argv, int first) {
   bench::TuneOptions o;
   o.models = a.list("model", "1b,4b");
   for (const auto& m : o.models) builtin_model(m);  // InputError listing the sizes
-  const std::string isa = a.has("isa") ? a.str("isa") : requested_isa("");
+  // Without --isa or G3ATTN_ISA, every cap: bench's default rows (and a run
+  // under --isa) use them all, and a cap tune did not measure keeps the
+  // static rule (Highway's scalar prefill core took twice LLVM's SSE2 code
+  // on an AMD EPYC Zen 4).
+  const char* env_isa = std::getenv("G3ATTN_ISA");
+  const std::string isa = a.has("isa") ? a.str("isa") : env_isa && *env_isa ? requested_isa("") : "all";
   if (isa == "all") {
     o.isas = runnable_isas();
   } else {
@@ -78,7 +85,7 @@ int cmd_tune(int argc, char** argv, int first) {
   o.computes = cm == "all" ? std::vector<DType>{DType::F32, DType::BF16}
                            : std::vector<DType>{parse_dtype(cm, "--compute")};
   o.threads = int(a.integer("threads", 0, 1, 1024));
-  o.budget_seconds = double(a.integer("budget", 120, 1, 1 << 20));
+  o.budget_seconds = double(a.integer("budget", 300, 1, 1 << 20));
   o.rounds = int(a.integer("rounds", 3, 1, 100));
   const bool json_stdout = a.has("json") && a.str("json").empty();
   if (a.has("json") && !json_stdout) check_output_path(a.str("json"), "--json");

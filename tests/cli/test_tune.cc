@@ -255,7 +255,7 @@ TEST_CASE("g3attn tune measures both KV types by default", "[tune][cli]") {
   // entries are what the defaults ask for, whatever the machine's load.
   g3test::TempDir dir;
   const g3test::CmdResult t = g3test::run_g3attn(
-      {"tune", "--model", "270m", "--rounds", "1", "--budget", "600", "--json"}, env_for(dir));
+      {"tune", "--model", "270m", "--isa", "best", "--rounds", "1", "--budget", "600", "--json"}, env_for(dir));
   INFO(t.err);
   REQUIRE(t.exit_code == 0);
   const json j = json::parse(t.out);
@@ -480,4 +480,25 @@ TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static 
       CHECK(json::parse(r.out)["layers"][0]["source"] == "static rule");
     }
   }
+}
+
+TEST_CASE("g3attn tune measures every ISA cap by default, the best first", "[tune][cli]") {
+  // A budget spent by the best cap alone (the peaks take longer than a
+  // second): the other caps are named in a note and keep the static rule.
+  g3test::TempDir dir;
+  const g3test::CmdResult t = g3test::run_g3attn(
+      {"tune", "--model", "270m", "--kv-dtype", "f32", "--rounds", "1", "--budget", "1", "--json"},
+      "G3ATTN_ISA= " + env_for(dir));
+  INFO(t.err);
+  REQUIRE(t.exit_code == 0);
+  const json j = json::parse(t.out);
+  for (const json& e : j["entries"]) CHECK(e["isa"] == g3::best_isa());
+  std::string rest;
+  for (const std::string& i : g3::runnable_isas())
+    if (i != g3::best_isa()) rest += (rest.empty() ? "" : ",") + i;
+  REQUIRE(!rest.empty());  // scalar at least
+  bool named = false;
+  for (const json& n : j["notes"])
+    named |= n.get<std::string>().find("before ISA caps " + rest + ":") != std::string::npos;
+  CHECK(named);
 }
