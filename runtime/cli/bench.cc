@@ -51,7 +51,8 @@ std::vector<Option> bench_options() {
        "reference,highway,llvm,xbyak,amx,auto; ones this build or machine lacks are skipped with a note (amx "
        "rows need --compute bf16 and AMX); auto rows measure "
        "the route --backend auto takes and name it per row: auto(highway) in the table and CSV, backend "
-       "\"auto\" plus \"route\" in JSON (default all: the five backends, not auto)"},
+       "\"auto\" plus \"route\" in JSON; an auto row and its route's own row in the same run are one measurement "
+       "of that code, shown twice (default all: the five backends, not auto)"},
       {"phase", Arity::Value, "P",
        "prefill|decode|block|projections|all, or a comma list (default prefill,decode)"},
       {"new-tokens", Arity::Value, "N",

@@ -4,6 +4,7 @@
 // schema says they must be.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -247,6 +248,35 @@ TEST_CASE("bench --backend auto measures the route users get and names it per ro
   g3test::CmdResult h = g3test::run_g3attn({"bench", "--help"});
   CHECK(h.exit_code == 0);
   CHECK(h.out.find("auto(highway)") != std::string::npos);
+}
+
+TEST_CASE("bench: an auto row and its route's own row are one measurement, in either order", "[bench][auto]") {
+  // Without a profile, auto takes highway for f32 KV (README's rule).
+  g3test::TempDir dir;
+  for (const char* order : {"highway,auto", "auto,highway"}) {
+    INFO(order);
+    g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--repeat", "2", "--isa",
+                                              "scalar", "--phase", "decode", "--threads", "2", "--backend", order,
+                                              "--json"},
+                                             "G3ATTN_CACHE_DIR='" + dir.path + "'");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const json j = json::parse(r.out);
+    std::map<std::string, std::map<std::string, double>> ms;  // kind -> backend -> ms
+    for (const json& row : j["rows"]) {
+      CHECK(row["route"] == "highway");
+      ms[row["kind"].get<std::string>()][row["backend"].get<std::string>()] = row["ms_median"].get<double>();
+    }
+    REQUIRE(ms.size() == 2);  // local and global
+    for (const auto& [kind, by] : ms) {
+      INFO(kind);
+      REQUIRE(by.size() == 2);
+      CHECK(by.at("auto") == by.at("highway"));
+    }
+    bool noted = false;
+    for (const json& n : j["notes"]) noted |= n.get<std::string>().find("auto's rows run the code") != std::string::npos;
+    CHECK(noted);
+  }
 }
 
 TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
