@@ -131,6 +131,12 @@ void keep_fastest(std::vector<Row>& rows, const std::vector<Row>& later) {
     if (auto it = by_id.find(id(w)); it != by_id.end() && it->second->ms_median < w.ms_median) w = *it->second;
 }
 
+// Notes of a later bench run that the first did not give (each once).
+static void add_new_notes(std::vector<std::string>& notes, const std::vector<std::string>& more) {
+  for (const std::string& n : more)
+    if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
+}
+
 TuneResult run_tune(const TuneOptions& t) {
   Options o;
   o.models = t.models;
@@ -183,8 +189,7 @@ TuneResult run_tune(const TuneOptions& t) {
     }
     r.bench.rows.insert(r.bench.rows.end(), got.rows.begin(), got.rows.end());
     r.bench.same_code.insert(r.bench.same_code.end(), got.same_code.begin(), got.same_code.end());
-    for (const std::string& n : got.notes)
-      if (std::find(r.bench.notes.begin(), r.bench.notes.end(), n) == r.bench.notes.end()) r.bench.notes.push_back(n);
+    add_new_notes(r.bench.notes, got.notes);
     r.bench.options.isas.insert(r.bench.options.isas.end(), got.options.isas.begin(), got.options.isas.end());
   }
   o.budget_seconds = total;
@@ -206,8 +211,7 @@ TuneResult run_tune(const TuneOptions& t) {
   p.default_run_limits = false;
   const Result proj = run_bench(p);
   r.bench.rows.insert(r.bench.rows.end(), proj.rows.begin(), proj.rows.end());
-  for (const std::string& n : proj.notes)
-    if (std::find(r.bench.notes.begin(), r.bench.notes.end(), n) == r.bench.notes.end()) r.bench.notes.push_back(n);
+  add_new_notes(r.bench.notes, proj.notes);
 
   r.path = profile_path();
   if (r.path.empty())
