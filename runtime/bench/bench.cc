@@ -571,14 +571,41 @@ Result run_bench(Options o) {
 
   Env env;
   CacheEvictor evictor;
-  std::map<std::string, size_t> done_rows;  // row key -> its index in res.rows
   // How many rows will be attempted, for the progress lines.
   const size_t total = shapes.size() * o.backends.size() * isas.size() * std::max<size_t>(1, o.projs.size());
   size_t attempt = 0;
 
+  // A shape's rows are timed side by side: every row is set up (its layer
+  // built, one warm-up run) before any is timed, then the rows take one run
+  // each in turn, round after round, until each has its runs. A busy minute
+  // on this shared machine then lands on every backend and ISA of the shape
+  // alike, instead of on whichever row it happened to meet: timed one row
+  // after the other, two backends within a few percent of each other swapped
+  // places from one run to the next, and auto, which follows tune's
+  // measurements, read up to 1.3x behind the row it had beaten there (AMD
+  // EPYC Zen 5, `bench --backend all,auto` after `tune`).
+  struct Timed {  // a row being measured
+    Row row;
+    PreparedLayer L;
+    bool cold = false;
+    std::string rate_id, progress;
+    std::vector<double> ms;
+    double timed_ms = 0, spent_s = 0;  // its runs; its runs and evictions
+  };
+  // The shape's rows in the order they were asked for: a timed row, or a
+  // copy of one (`copy_of`) under another backend or ISA cap.
+  struct Slot {
+    size_t timed = 0;
+    bool copy = false, same_code = false;
+    std::string backend, isa_cap;
+  };
+
   for (const Shape& sh : shapes) {
     const KernelKey key =
         kernel_key(sh.spec, sh.kv, sh.compute == DType::BF16 ? DType::BF16 : o.weight_dtype, sh.compute);
+    std::vector<Timed> timed;
+    std::vector<Slot> slots;
+    std::map<std::string, size_t> done_rows;  // row key -> its index in `timed`
     for (const auto& backend : o.backends)
       for (const auto& isa : isas)
         for (const std::string& proj : projs_for(o, sh, backend)) {
@@ -604,18 +631,13 @@ Result run_bench(Options o) {
         // about auto's choice.
         const bool any_backend = sh.phase == "projections" && proj == "onednn";
         const std::string code = backend == "auto" ? c.choice.backend : backend;
-        const std::string row_key = (any_backend ? "*" : code) + "|" + c.isa + "|" + proj + "|" + sh.model + "|" + sh.kind + "|" +
-                                    sh.phase + "|" + sh.kv_label + "|" + to_string(sh.compute) + "|" +
-                                    std::to_string(sh.T) + "|" + std::to_string(sh.C);
+        const std::string row_key = (any_backend ? "*" : code) + "|" + c.isa + "|" + proj;
         if (done_rows.count(row_key)) {
-          const Row& measured = res.rows[done_rows.at(row_key)];
-          if (!any_backend && (backend == "auto") != (measured.backend == "auto")) {
+          const size_t first = done_rows.at(row_key);
+          if (!any_backend && (backend == "auto") != (timed[first].row.backend == "auto")) {
             notes.add("auto's rows run the code of the route they name, timed once per shape and ISA with that "
                       "backend's own row (the first of the two measured, the other a copy)");
-            Row same = measured;
-            same.backend = backend;
-            same.isa_cap = isa;
-            res.rows.push_back(std::move(same));
+            slots.push_back({first, true, false, backend, isa});
             continue;
           }
           if (any_backend)
@@ -624,9 +646,7 @@ Result run_bench(Options o) {
             notes.add("backend reference runs the same scalar code whatever the ISA: measured once, as scalar");
           else if (c.isa != isa) {
             notes.add("backend " + backend + " on " + isa + " runs " + c.isa + " code: measured once, as " + c.isa);
-            Row same = res.rows[done_rows.at(row_key)];
-            same.isa_cap = isa;
-            res.same_code.push_back(std::move(same));
+            slots.push_back({first, false, true, backend, isa});
           }
           continue;
         }
@@ -651,49 +671,33 @@ Result run_bench(Options o) {
                     fmt("%.1f", kRunBudgetSeconds) + " s)");
           continue;
         }
-        PreparedLayer L;
+        Timed t;
         try {
-          L = layer_for(base_for(sh), sh, c, proj);
+          t.L = layer_for(base_for(sh), sh, c, proj);
         } catch (const InputError& e) {
           notes.add("proj " + proj + " skipped: " + e.what());
           continue;
         }
-        prepare_env(pool, env, sh, L, o.new_tokens);
-        run_once(pool, sh, L, env);  // warm-up: JIT first calls, page faults, caches
-        const bool cold = phase == Phase::Decode;
-        if (cold) {
+        prepare_env(pool, env, sh, t.L, o.new_tokens);
+        run_once(pool, sh, t.L, env);  // warm-up: JIT first calls, page faults, caches
+        t.cold = phase == Phase::Decode;
+        if (t.cold) {
           evictor.reserve();
           notes.add("decode-sized rows (decode, and 1-token block and projections) ran with cold caches: an "
                     "untimed read of " +
                     fmt("%.0f", double(CacheEvictor::bytes()) / (1 << 20)) +
                     " MiB before each run, as a decode step finds a layer after the other layers ran");
         }
-        std::vector<double> ms;
-        double timed_ms = 0;
-        Clock::time_point row_start = Clock::now();
-        for (int r = 0; r < repeat || (!fixed_repeat && !cold && timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
-             ++r) {
-          if (cold) evictor.run(pool);
-          Clock::time_point t0 = Clock::now();
-          run_once(pool, sh, L, env);
-          ms.push_back(seconds_since(t0) * 1e3);
-          timed_ms += ms.back();
-          if (!fixed_repeat && seconds_since(row_start) > kRowSeconds) break;
-          if (!fixed_repeat && run_limits && seconds_since(t_start) > kDefaultRunSeconds) {
-            notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +
-                      " s: later rows took a single timed run");
-            break;
-          }
-        }
-        done_rows[row_key] = res.rows.size();
-        Row row;
+        t.rate_id = rate_id;
+        Row& row = t.row;
         row.backend = backend;
         row.route = c.choice.backend;
         row.proj = proj;
         // The provider that ran, by the name of its code: "highway" is the
         // kernel table's GEMM, the reference's own for the reference.
         if (!proj.empty())
-          row.proj_route = L.proj_for_rows(sh.B * sh.T) == ProjProvider::Onednn ? "onednn" : c.choice.stages[Stage::Gemm];
+          row.proj_route =
+              t.L.proj_for_rows(sh.B * sh.T) == ProjProvider::Onednn ? "onednn" : c.choice.stages[Stage::Gemm];
         row.key = key.str();
         row.isa_cap = isa;
         row.isa = c.isa;
@@ -708,31 +712,84 @@ Result run_bench(Options o) {
         row.batch = int(sh.B);
         row.new_tokens = sh.T;
         if (sh.C > 0) row.context = sh.C;
-        row.ms_median = median(ms);
-        row.ms_min = *std::min_element(ms.begin(), ms.end());
-        row.runs = int(ms.size());
         row.flops = sh.core_flops + sh.proj_flops;
         row.kv_bytes = sh.kv_bytes;
-        row.gflops = row.flops / (row.ms_median * 1e-3) / 1e9;
-        if (sh.decode_like()) {
-          row.gbs = sh.kv_bytes / (row.ms_median * 1e-3) / 1e9;
-          row.pct_peak = res.peaks.dram_read_gbs > 0 ? *row.gbs / res.peaks.dram_read_gbs * 100 : 0;
-        } else {
-          row.pct_peak = res.peaks.fp32_gflops > 0 ? row.gflops / res.peaks.fp32_gflops * 100 : 0;
-        }
         row.specialised = c.choice.kernels.specialised;
         row.stages = c.choice.stages;
-        rate[rate_id] = row.flops / (row.ms_median * 1e-3);
         if (!c.choice.fallback.empty()) notes.add("backend " + backend + ": " + c.choice.fallback);
-        if (o.progress) {
-          std::fprintf(stderr, "[%zu/%zu] %s %s %s %s %s%s ctx %s new %lld: %.3f ms\n", attempt, total,
-                       row.label().c_str(), c.isa.c_str(), sh.model.c_str(), sh.kind.c_str(), sh.phase.c_str(),
-                       proj.empty() ? "" : (" proj " + row.proj_label()).c_str(), ctx_str(row.context).c_str(),
-                       (long long)sh.T, row.ms_median);
-          std::fflush(stderr);
-        }
-        res.rows.push_back(std::move(row));
+        if (o.progress)
+          t.progress = "[" + std::to_string(attempt) + "/" + std::to_string(total) + "] " + row.label() + " " + c.isa +
+                       " " + sh.model + " " + sh.kind + " " + sh.phase +
+                       (proj.empty() ? "" : " proj " + row.proj_label()) + " ctx " + ctx_str(row.context) +
+                       " new " + std::to_string(sh.T);
+        done_rows[row_key] = timed.size();
+        slots.push_back({timed.size(), false, false, backend, isa});
+        timed.push_back(std::move(t));
       }
+
+    // Round after round, one run of each row that still wants one: at
+    // least `repeat`; by default short warm rows keep going until their runs
+    // add up to kMinRowSeconds (at most kMaxRepeat), a row stops once its
+    // runs and evictions pass kRowSeconds, and after kDefaultRunSeconds of
+    // a default run every row stops at its first run.
+    std::vector<bool> more(timed.size(), true);
+    for (bool any = !timed.empty(); any;) {
+      any = false;
+      for (size_t i = 0; i < timed.size(); ++i) {
+        if (!more[i]) continue;
+        Timed& t = timed[i];
+        const Clock::time_point e0 = Clock::now();
+        if (t.cold) evictor.run(pool);
+        const Clock::time_point t0 = Clock::now();
+        run_once(pool, sh, t.L, env);
+        t.ms.push_back(seconds_since(t0) * 1e3);
+        if (t.ms.size() == 1) t.row.timed_from_s = std::chrono::duration<double>(t0 - t_start).count();
+        t.row.timed_to_s = seconds_since(t_start);
+        t.timed_ms += t.ms.back();
+        t.spent_s += seconds_since(e0);
+        const int r = int(t.ms.size());
+        bool again = r < repeat || (!fixed_repeat && !t.cold && t.timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
+        if (!fixed_repeat && t.spent_s > kRowSeconds) again = false;
+        if (again && !fixed_repeat && run_limits && seconds_since(t_start) > kDefaultRunSeconds) {
+          notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +
+                    " s: later rows took a single timed run");
+          again = false;
+        }
+        more[i] = again;
+        any |= again;
+      }
+    }
+    for (Timed& t : timed) {
+      Row& row = t.row;
+      row.ms_median = median(t.ms);
+      row.ms_min = *std::min_element(t.ms.begin(), t.ms.end());
+      row.runs = int(t.ms.size());
+      row.gflops = row.flops / (row.ms_median * 1e-3) / 1e9;
+      if (sh.decode_like()) {
+        row.gbs = sh.kv_bytes / (row.ms_median * 1e-3) / 1e9;
+        row.pct_peak = res.peaks.dram_read_gbs > 0 ? *row.gbs / res.peaks.dram_read_gbs * 100 : 0;
+      } else {
+        row.pct_peak = res.peaks.fp32_gflops > 0 ? row.gflops / res.peaks.fp32_gflops * 100 : 0;
+      }
+      rate[t.rate_id] = row.flops / (row.ms_median * 1e-3);
+      if (o.progress) {
+        std::fprintf(stderr, "%s: %.3f ms\n", t.progress.c_str(), row.ms_median);
+        std::fflush(stderr);
+      }
+    }
+    for (const Slot& sl : slots) {
+      Row r = timed[sl.timed].row;
+      if (sl.same_code) {
+        r.isa_cap = sl.isa_cap;
+        res.same_code.push_back(std::move(r));
+        continue;
+      }
+      if (sl.copy) {
+        r.backend = sl.backend;
+        r.isa_cap = sl.isa_cap;
+      }
+      res.rows.push_back(std::move(r));
+    }
   }
 
   // Ratios within a shape: to the reference, and to the fastest row.

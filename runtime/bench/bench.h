@@ -95,6 +95,9 @@ struct Row {
   std::optional<double> vs_best;       // best time of the shape / this time (1 = best)
   // Extra detail for JSON readers.
   int runs = 0;
+  // When its timed runs began and ended, in seconds since the bench
+  // started: a shape's rows are timed round-robin, so theirs overlap.
+  double timed_from_s = 0, timed_to_s = 0;
   double flops = 0, kv_bytes = 0;
   bool specialised = true;
   StageBackends stages;           // backend of each stage

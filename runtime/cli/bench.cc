@@ -114,7 +114,10 @@ const char* kHelpHead =
     "what `g3attn run` spends per decode step, and a decode row's GB/s is read from DRAM.\n"
     "Each row: median and minimum ms, GFLOP/s, GB/s of K/V read (decode), % of the relevant peak, and\n"
     "speed relative to the reference and to the fastest row of the same shape. The FLOP rule is printed\n"
-    "under the table. The reference is scalar code, measured once per shape.\n";
+    "under the table. The reference is scalar code, measured once per shape. The rows of a shape are\n"
+    "timed side by side: each is set up and run once (untimed), then they take one timed run each in\n"
+    "turn, round after round, so a busy moment of the machine falls on all of them alike (JSON gives\n"
+    "each row's timed_from_s and timed_to_s, seconds since the bench started).\n";
 
 // `all` stands for every name of `all`; `extra` names are accepted too but
 // only when given explicitly (auto measures a route some other row already

@@ -77,6 +77,8 @@ nlohmann::json row_json(const Row& r) {
   j["vs_reference"] = opt_json(r.vs_reference);
   j["vs_best"] = opt_json(r.vs_best);
   j["runs"] = r.runs;
+  j["timed_from_s"] = r.timed_from_s;
+  j["timed_to_s"] = r.timed_to_s;
   j["flops"] = r.flops;
   if (r.phase == "decode") j["kv_bytes"] = r.kv_bytes;
   j["specialised"] = r.specialised;

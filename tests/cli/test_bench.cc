@@ -2,6 +2,7 @@
 // outputs, --compare, and bad input. Timings are never asserted (the
 // machine is shared); only that numbers are finite and positive where the
 // schema says they must be.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
@@ -277,6 +278,44 @@ TEST_CASE("bench: an auto row and its route's own row are one measurement, in ei
     for (const json& n : j["notes"]) noted |= n.get<std::string>().find("auto's rows run the code") != std::string::npos;
     CHECK(noted);
   }
+}
+
+TEST_CASE("bench times a shape's rows side by side, round after round", "[bench]") {
+  // Two backends on two ISAs of scalar-capable code, three runs each: every
+  // row's timed runs must overlap every other row's of the same shape (one
+  // run each in turn), and shapes follow one another.
+  g3test::CmdResult r = g3test::run_g3attn({"bench", "--model", "1b", "--context", "64", "--new-tokens", "16",
+                                            "--repeat", "3", "--isa", "scalar,best", "--phase", "prefill,decode",
+                                            "--threads", "2", "--backend", "reference,highway", "--json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json j = json::parse(r.out);
+  std::map<std::string, std::vector<json>> by_shape;
+  for (const json& row : j["rows"]) {
+    REQUIRE(row.contains("timed_from_s"));
+    REQUIRE(row.contains("timed_to_s"));
+    CHECK(row["runs"] == 3);
+    CHECK(row["timed_from_s"].get<double>() > 0);
+    CHECK(row["timed_from_s"].get<double>() <= row["timed_to_s"].get<double>());
+    by_shape[row["phase"].get<std::string>() + "|" + row["kind"].get<std::string>()].push_back(row);
+  }
+  REQUIRE(by_shape.size() == 4);
+  std::vector<std::pair<double, double>> spans;  // per shape: first start, last end
+  for (const auto& [shape, rows] : by_shape) {
+    INFO(shape);
+    // highway under scalar and best, and the reference (once, as scalar).
+    REQUIRE(rows.size() >= 2);
+    double from = 1e30, to = 0;
+    for (const json& a : rows) {
+      from = std::min(from, a["timed_from_s"].get<double>());
+      to = std::max(to, a["timed_to_s"].get<double>());
+      for (const json& b : rows)
+        CHECK(a["timed_from_s"].get<double>() < b["timed_to_s"].get<double>());
+    }
+    spans.emplace_back(from, to);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) CHECK(spans[i - 1].second <= spans[i].first);
 }
 
 TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
