@@ -28,6 +28,12 @@ inline constexpr double kRowSeconds = 0.5;
 // a shared machine. Cold-cache rows do not (each run costs an eviction).
 inline constexpr double kMinRowSeconds = 0.05;
 inline constexpr int kMaxRepeat = 2000;
+// Cold-cache rows with the default --repeat take this many runs instead of
+// kDefaultRepeat: the medians of five cold runs of 1B's and 4B's decode
+// rows put a different core first from one bench to the next (up to 1.5x
+// apart, AMD EPYC Zen 5); with 11 runs, three benches agreed on every shape
+// but one 2% tie. Each run costs an eviction (about 12 ms there).
+inline constexpr int kDefaultColdRepeat = 11;
 // A row predicted to need more than this per run is skipped with a note:
 // always for the reference backend, and for every backend when the contexts
 // are the defaults (so the default run stays short).
@@ -35,7 +41,7 @@ inline constexpr double kRunBudgetSeconds = 1.5;
 // With the default contexts and --repeat, rows that start after this many
 // seconds take a single timed run, so a loaded machine still finishes the
 // default run in about two minutes.
-inline constexpr double kDefaultRunSeconds = 60;
+inline constexpr double kDefaultRunSeconds = 80;
 const std::vector<int64_t>& default_prefill_contexts();  // prefill and block
 const std::vector<int64_t>& default_decode_contexts();   // decode and 1-token block
 const std::vector<std::string>& phase_names();           // prefill decode block projections
