@@ -593,7 +593,8 @@ Result run_bench(Options o) {
     double timed_ms = 0, spent_s = 0;  // its runs; its runs and evictions
   };
   // The shape's rows in the order they were asked for: a timed row, or a
-  // copy of one (`copy_of`) under another backend or ISA cap.
+  // copy of one (`copy`: an auto row and its route's; `same_code`: a JIT
+  // capped lower) under another backend or ISA cap.
   struct Slot {
     size_t timed = 0;
     bool copy = false, same_code = false;
