@@ -387,7 +387,6 @@ Result run_bench(Options o) {
   const bool run_limits = default_contexts && o.default_run_limits;
   if (o.threads <= 0) o.threads = int(std::max(1u, std::thread::hardware_concurrency()));
   const bool fixed_repeat = o.repeat > 0;
-  const int repeat = fixed_repeat ? o.repeat : kDefaultRepeat;
 
   Result res;
   res.isas_runnable = runnable_isas();
@@ -588,6 +587,7 @@ Result run_bench(Options o) {
     Row row;
     PreparedLayer L;
     bool cold = false;
+    int want = 0;  // runs it takes at least (the default ones may stop early)
     std::string rate_id, progress;
     std::vector<double> ms;
     double timed_ms = 0, spent_s = 0;  // its runs; its runs and evictions
@@ -682,6 +682,7 @@ Result run_bench(Options o) {
         prepare_env(pool, env, sh, t.L, o.new_tokens);
         run_once(pool, sh, t.L, env);  // warm-up: JIT first calls, page faults, caches
         t.cold = phase == Phase::Decode;
+        t.want = fixed_repeat ? o.repeat : t.cold ? kDefaultColdRepeat : kDefaultRepeat;
         if (t.cold) {
           evictor.reserve();
           notes.add("decode-sized rows (decode, and 1-token block and projections) ran with cold caches: an "
@@ -728,11 +729,11 @@ Result run_bench(Options o) {
         timed.push_back(std::move(t));
       }
 
-    // Round after round, one run of each row that still wants one: at
-    // least `repeat`; by default short warm rows keep going until their runs
+    // Round after round, one run of each row that still wants one: its
+    // `want` runs; by default short warm rows keep going until their runs
     // add up to kMinRowSeconds (at most kMaxRepeat), a row stops once its
     // runs and evictions pass kRowSeconds, and after kDefaultRunSeconds of
-    // a default run every row stops at its first run.
+    // a default run every row stops at the run it has.
     std::vector<bool> more(timed.size(), true);
     for (bool any = !timed.empty(); any;) {
       any = false;
@@ -749,11 +750,11 @@ Result run_bench(Options o) {
         t.timed_ms += t.ms.back();
         t.spent_s += seconds_since(e0);
         const int r = int(t.ms.size());
-        bool again = r < (t.cold && !fixed_repeat ? kDefaultColdRepeat : repeat) || (!fixed_repeat && !t.cold && t.timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
+        bool again = r < t.want || (!fixed_repeat && !t.cold && t.timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
         if (!fixed_repeat && t.spent_s > kRowSeconds) again = false;
         if (again && !fixed_repeat && run_limits && seconds_since(t_start) > kDefaultRunSeconds) {
           notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +
-                    " s: later rows took a single timed run");
+                    " s: rows measured after that took fewer runs (at least one)");
           again = false;
         }
         more[i] = again;

@@ -36,8 +36,8 @@ std::string budget_text() {
          secs(bench::kRunBudgetSeconds) +
          " s per run\n(from the same backend/ISA's smaller rows, or a probe) is skipped with a note - always for "
          "the reference,\nand for every backend when --context is not given; with the default --context and "
-         "--repeat, rows\nstarting after " +
-         secs(bench::kDefaultRunSeconds) + " s take one timed run.\n\n";
+         "--repeat, rows\ntake no further runs after " +
+         secs(bench::kDefaultRunSeconds) + " s (each keeps the ones it has, at least one).\n\n";
 }
 
 std::vector<Option> bench_options() {
@@ -66,7 +66,8 @@ std::vector<Option> bench_options() {
                                          std::to_string(cores) + ")"},
       {"repeat", Arity::Value, "N",
        "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) + ", " +
-           std::to_string(bench::kDefaultColdRepeat) + " on cold-cache rows, more - up to " + std::to_string(bench::kMaxRepeat) + " - until they add up to " +
+           std::to_string(bench::kDefaultColdRepeat) + " on cold-cache rows, more - up to " +
+           std::to_string(bench::kMaxRepeat) + " - until they add up to " +
            secs(bench::kMinRowSeconds) + " s except on cold-cache rows, fewer - at least 1 - once a row's runs pass " +
            secs(bench::kRowSeconds) + " s; an explicit N is always honoured)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all or a comma list (default f32)"},
