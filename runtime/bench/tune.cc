@@ -13,38 +13,58 @@ namespace g3::bench {
 namespace {
 
 struct Sum {
-  double rel = 0, ms = 0;  // summed over the entry's shapes
+  double rel = 0, ms = 0;  // summed over the entry's shapes, each the mean over the passes that measured it
   int n = 0;               // shapes measured
 };
 
 // The choice rule both profile sections share. Rows that `use` keeps are
 // grouped into entries (id_of) whose candidates (candidate_of) compete on
-// one or more shapes (shape_of: e.g. the contexts of a kernel key); each
-// candidate's time is taken relative to the fastest row of its shape and
-// summed, so every shape weighs the same whatever its length. A candidate
-// missing a shape of its entry is dropped (no fair comparison). `first`
-// keeps, per entry, the row its fields come from.
+// one or more shapes (shape_of: e.g. the contexts of a kernel key). In each
+// pass, each candidate's time is taken relative to the fastest row of its
+// shape in that pass: the bench times a shape's rows side by side, so a
+// busy moment of the machine slows them alike and the ratio holds where
+// the times do not. A shape's ratio is the mean over the passes that
+// measured the candidate, and the ratios are summed over the shapes, so
+// every shape weighs the same whatever its length. A candidate missing a
+// shape of its entry is dropped (no fair comparison). `first` keeps, per
+// entry, the row its fields come from.
 template <class Use, class Id, class Shape, class Candidate>
-std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vector<Row>& rows, Use use, Id id_of,
-                                                                Shape shape_of, Candidate candidate_of,
+std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vector<std::vector<Row>>& passes, Use use,
+                                                                Id id_of, Shape shape_of, Candidate candidate_of,
                                                                 std::map<std::string, const Row*>& first) {
-  std::map<std::string, double> best;
-  for (const Row& r : rows) {
-    if (!use(r)) continue;
-    auto it = best.find(shape_of(r));
-    if (it == best.end() || r.ms_median < it->second) best[shape_of(r)] = r.ms_median;
+  struct Acc {
+    double rel = 0, ms = 0;
+    int passes = 0;
+  };
+  std::map<std::string, std::map<std::string, std::map<std::string, Acc>>> acc;  // entry -> shape -> candidate
+  for (const std::vector<Row>& rows : passes) {
+    std::map<std::string, double> best;  // per shape, in this pass
+    for (const Row& r : rows)
+      if (use(r)) {
+        auto [it, fresh] = best.try_emplace(shape_of(r), r.ms_median);
+        if (!fresh) it->second = std::min(it->second, r.ms_median);
+      }
+    for (const Row& r : rows) {
+      if (!use(r)) continue;
+      Acc& a = acc[id_of(r)][shape_of(r)][candidate_of(r)];
+      a.rel += r.ms_median / best[shape_of(r)];
+      a.ms += r.ms_median;
+      ++a.passes;
+      first.emplace(id_of(r), &r);
+    }
   }
   std::map<std::string, std::map<std::string, Sum>> sums;
-  std::map<std::string, int> shapes;
-  for (const Row& r : rows) {
-    if (!use(r)) continue;
-    Sum& a = sums[id_of(r)][candidate_of(r)];
-    a.rel += r.ms_median / best[shape_of(r)];
-    a.ms += r.ms_median;
-    shapes[id_of(r)] = std::max(shapes[id_of(r)], ++a.n);
-    first.emplace(id_of(r), &r);
+  for (const auto& [id, shapes] : acc) {
+    auto& per = sums[id];
+    for (const auto& [shape, by_candidate] : shapes)
+      for (const auto& [c, a] : by_candidate) {
+        Sum& s = per[c];
+        s.rel += a.rel / a.passes;
+        s.ms += a.ms / a.passes;
+        ++s.n;
+      }
+    std::erase_if(per, [n = int(shapes.size())](const auto& c) { return c.second.n < n; });
   }
-  for (auto& [id, per] : sums) std::erase_if(per, [&, id = id](const auto& c) { return c.second.n < shapes[id]; });
   return sums;
 }
 
@@ -61,7 +81,7 @@ void choose(Entry& e, const std::map<std::string, Sum>& per) {
 
 }  // namespace
 
-std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
+std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>>& passes) {
   // Entries per (key, phase, ISA cap asked for: what auto looks up), the
   // backends competing on each context; the reference and auto rows are no
   // candidates.
@@ -71,16 +91,22 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows) {
   auto id_of = [](const Row& r) { return r.key + "|" + r.phase + "|" + r.isa_cap; };
   auto shape_of = [&](const Row& r) { return id_of(r) + "|" + std::to_string(*r.context); };
   std::map<std::string, const Row*> first;
-  const auto sums = relative_sums(rows, use, id_of, shape_of, [](const Row& r) { return r.backend; }, first);
-  // Each kept candidate's time at each context. Not on local layers: past
-  // the window their calls do the same work at every context, so a route
-  // by context would only follow the noise.
+  const auto sums = relative_sums(passes, use, id_of, shape_of, [](const Row& r) { return r.backend; }, first);
+  // Each kept candidate's time at each context (the mean over its passes).
+  // Not on local layers: past the window their calls do the same work at
+  // every context, so a route by context would only follow the noise.
+  std::map<std::string, std::map<int64_t, std::map<std::string, std::pair<double, int>>>> at_sum;
+  for (const std::vector<Row>& rows : passes)
+    for (const Row& r : rows) {
+      if (!use(r) || r.kind == "local" || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
+      auto& [ms, n] = at_sum[id_of(r)][*r.context][r.backend];
+      ms += r.ms_median;
+      ++n;
+    }
   std::map<std::string, std::map<int64_t, std::map<std::string, double>>> at;
-  for (const Row& r : rows) {
-    if (!use(r) || r.kind == "local" || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
-    double& ms = at[id_of(r)][*r.context].try_emplace(r.backend, r.ms_median).first->second;
-    ms = std::min(ms, r.ms_median);
-  }
+  for (const auto& [id, by_context] : at_sum)
+    for (const auto& [ctx, per] : by_context)
+      for (const auto& [backend, mn] : per) at[id][ctx][backend] = mn.first / mn.second;
   std::vector<ProfileEntry> out;
   for (const auto& [id, per] : sums) {
     const Row& r = *first.at(id);
@@ -105,7 +131,7 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
   auto id_of = [&](const Row& r) { return std::string(to_string(phase_of(r))) + "|" + r.compute; };
   auto shape_of = [&](const Row& r) { return id_of(r) + "|" + r.model + "|" + std::to_string(r.new_tokens); };
   std::map<std::string, const Row*> first;
-  const auto sums = relative_sums(rows, use, id_of, shape_of, [](const Row& r) { return r.proj; }, first);
+  const auto sums = relative_sums({rows}, use, id_of, shape_of, [](const Row& r) { return r.proj; }, first);
   std::vector<ProjectionEntry> out;
   for (const auto& [id, per] : sums) {
     const Row& r = *first.at(id);
@@ -118,17 +144,6 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
     if (e.ms.size() >= 2) out.push_back(e);
   }
   return out;
-}
-
-void keep_fastest(std::vector<Row>& rows, const std::vector<Row>& later) {
-  auto id = [](const Row& w) {
-    return w.backend + "|" + w.isa_cap + "|" + w.key + "|" + w.phase + "|" + w.kv_dtype + "|" + w.compute + "|" +
-           std::to_string(w.context.value_or(0)) + "|" + std::to_string(w.new_tokens);
-  };
-  std::map<std::string, const Row*> by_id;
-  for (const Row& w : later) by_id[id(w)] = &w;
-  for (Row& w : rows)
-    if (auto it = by_id.find(id(w)); it != by_id.end() && it->second->ms_median < w.ms_median) w = *it->second;
 }
 
 // Notes of a later bench run that the first did not give (each once).
@@ -162,6 +177,7 @@ TuneResult run_tune(const TuneOptions& t) {
     if (i != best_isa()) rest.push_back(i);
   if (!rest.empty()) groups.push_back(rest);
   TuneResult r;
+  std::vector<std::vector<Row>> passes;  // every pass's rows and same-code rows, for the choice
   const double total = t.budget_seconds;
   double spent = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -175,13 +191,18 @@ TuneResult run_tune(const TuneOptions& t) {
     o.budget_seconds = std::max(1.0, total - spent);
     Result got = run_bench(o);
     spent += got.seconds;
-    // Later passes while the budget lasts; each row keeps its fastest pass.
+    auto keep_pass = [&passes](const Result& b) {
+      passes.push_back(b.rows);
+      passes.back().insert(passes.back().end(), b.same_code.begin(), b.same_code.end());
+    };
+    keep_pass(got);
+    // Later passes while the budget lasts; the table shows the first.
     for (int pass = 1; pass < t.rounds && spent < total; ++pass) {
       o.budget_seconds = total - spent;
       const Result again = run_bench(o);
       spent += again.seconds;
-      keep_fastest(got.rows, again.rows);
-      keep_fastest(got.same_code, again.same_code);
+      keep_pass(again);
+      add_new_notes(got.notes, again.notes);
     }
     if (g == 0) {
       r.bench = std::move(got);
@@ -219,9 +240,7 @@ TuneResult run_tune(const TuneOptions& t) {
   r.profile.version = g3attn_version();
   r.profile.cpu = this_cpu().id();
   r.profile.threads = r.bench.options.threads;
-  std::vector<Row> candidates = r.bench.rows;
-  candidates.insert(candidates.end(), r.bench.same_code.begin(), r.bench.same_code.end());
-  r.profile.entries = entries_from_rows(candidates);
+  r.profile.entries = entries_from_passes(passes);
   r.profile.projections = projection_entries_from_rows(proj.rows);
   // Keep what an earlier valid profile of this CPU measured and this run
   // did not (other models, ISAs, dtypes).

@@ -27,17 +27,17 @@ struct TuneOptions {
   std::vector<DType> computes = {DType::F32};
   int threads = 0;                           // 0: every core
   double budget_seconds = 300;               // shapes and caps not reached in time keep the static rule
-  // Passes over every row. A row keeps its fastest pass: on a shared
-  // machine a neighbour slows every row it overlaps, sometimes by 3x for
-  // a minute (AMD EPYC Zen 5, 2 cores), and only slows, so the fastest of
-  // passes apart in time is the one least disturbed.
+  // Passes over every row, compared pass by pass (entries_from_passes): on
+  // a shared machine a neighbour slows every row it overlaps, sometimes by
+  // 3x for a minute (AMD EPYC Zen 5, 2 cores), but the bench times a
+  // shape's rows side by side, so within a pass they are slowed alike.
   int rounds = 3;
   bool progress = false;
 };
 
 struct TuneResult {
   Profile profile;
-  Result bench;        // the rows measured (attention cores, then projections)
+  Result bench;        // the first pass's rows (attention cores, then projections), every pass's notes
   std::string path;    // where the profile was written
 };
 
@@ -45,11 +45,16 @@ struct TuneResult {
 // valid profile of this CPU that this run did not measure).
 TuneResult run_tune(const TuneOptions& o);
 
-// The profile entries a set of bench rows implies: per (key, phase, ISA),
-// the backend with the lowest sum over contexts of its time relative to the
-// fastest row of each context; on global layers, also each backend's time
-// at each context (ProfileEntry::ms_at).
-std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
+// The profile entries that passes of bench rows imply: per (key, phase,
+// ISA), the backend with the lowest sum over contexts of its time relative
+// to the fastest row of the same context in the same pass (the mean over
+// the passes that measured it); on global layers, also each backend's mean
+// time at each context (ProfileEntry::ms_at). Each row's own pass is the
+// only fair comparison: the fastest pass of each row taken apart (the rule
+// before) let a row that one quiet moment favoured win; on an AMD EPYC Zen
+// 5, auto then ran xbyak's 4B local decode core, 3% ahead in tune, at
+// 1.1-1.25x Highway's time in two later benches.
+std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>>& passes);
 
 // The projection entries a set of bench rows implies (projections rows with
 // proj highway or onednn; the others are ignored): per (phase, compute
@@ -58,10 +63,5 @@ std::vector<ProfileEntry> entries_from_rows(const std::vector<Row>& rows);
 // missing a shape is not a candidate, and a (phase, compute mode) with
 // fewer than two candidates gets no entry (the default rule stays).
 std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>& rows);
-
-// A later pass over the same rows: each row of `rows` that `later`
-// measured again (same backend, ISA cap, key, phase, dtypes, context and
-// tokens) becomes the faster of the two by median.
-void keep_fastest(std::vector<Row>& rows, const std::vector<Row>& later);
 
 }  // namespace g3::bench

@@ -30,8 +30,8 @@ static std::vector<Option> tune_options() {
       {"budget", Arity::Value, "SECONDS",
        "stop measuring after about this long; keys and ISA caps not reached keep the static rule (default 300)"},
       {"rounds", Arity::Value, "N",
-       "passes over every row while the budget lasts; each row keeps its fastest, the one a busy machine "
-       "disturbed least (default 3)"},
+       "passes over every row while the budget lasts; in each, a backend's time is taken relative to the "
+       "fastest of the same shape, timed beside it, and the ratios are averaged over the passes (default 3)"},
       {"json", Arity::OptionalValue, "FILE", "the profile's entries as JSON on stdout, or the table plus FILE"},
   };
 }
