@@ -130,8 +130,9 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
   };
   auto id_of = [&](const Row& r) { return std::string(to_string(phase_of(r))) + "|" + r.compute; };
   auto shape_of = [&](const Row& r) { return id_of(r) + "|" + r.model + "|" + std::to_string(r.new_tokens); };
-  std::map<std::string, const Row*> first;
-  const auto sums = relative_sums({rows}, use, id_of, shape_of, [](const Row& r) { return r.proj; }, first);
+  std::map<std::string, const Row*> first;  // points into `one`, which must outlive it
+  const std::vector<std::vector<Row>> one = {rows};
+  const auto sums = relative_sums(one, use, id_of, shape_of, [](const Row& r) { return r.proj; }, first);
   std::vector<ProjectionEntry> out;
   for (const auto& [id, per] : sums) {
     const Row& r = *first.at(id);
