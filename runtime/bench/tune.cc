@@ -179,6 +179,10 @@ TuneResult run_tune(const TuneOptions& t) {
   if (!rest.empty()) groups.push_back(rest);
   TuneResult r;
   std::vector<std::vector<Row>> passes;  // every pass's rows and same-code rows, for the choice
+  auto keep_pass = [&passes](const Result& b) {
+    passes.push_back(b.rows);
+    passes.back().insert(passes.back().end(), b.same_code.begin(), b.same_code.end());
+  };
   const double total = t.budget_seconds;
   double spent = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -192,12 +196,8 @@ TuneResult run_tune(const TuneOptions& t) {
     o.budget_seconds = std::max(1.0, total - spent);
     Result got = run_bench(o);
     spent += got.seconds;
-    auto keep_pass = [&passes](const Result& b) {
-      passes.push_back(b.rows);
-      passes.back().insert(passes.back().end(), b.same_code.begin(), b.same_code.end());
-    };
     keep_pass(got);
-    // Later passes while the budget lasts; the table shows the first.
+    // Later passes while the budget lasts; r.bench keeps the first's rows.
     for (int pass = 1; pass < t.rounds && spent < total; ++pass) {
       o.budget_seconds = total - spent;
       const Result again = run_bench(o);
