@@ -254,8 +254,10 @@ void prepare_env(ThreadPool& pool, Env& env, const Shape& sh, const PreparedLaye
     for (int64_t t = 0; t < T; ++t) env.qpos[size_t(b * T + t)] = int32_t(C - T + t);
 }
 
-// One run of a shape's row on a prepared layer: the runtime's stage calls.
-void run_once(ThreadPool& pool, const Shape& sh, const PreparedLayer& L, Env& env) {
+// One run of a shape's row on a prepared layer: the runtime's stage calls;
+// block runs report their stages' wall times into `times` when given.
+void run_once(ThreadPool& pool, const Shape& sh, const PreparedLayer& L, Env& env,
+              BlockStageTimes* times = nullptr) {
   const int64_t R = sh.B * sh.T;
   if (sh.phase == "prefill" || sh.phase == "decode") {
     run_attention_core(L, *env.cache, env.qpos.data(), sh.B, sh.T, pool, env.scratch);
@@ -267,7 +269,7 @@ void run_once(ThreadPool& pool, const Shape& sh, const PreparedLayer& L, Env& en
     // are shared and their contents do not matter for time), then the call.
     *env.cache = *env.history;
     run_block_cached(L, *env.cache, env.x.data(), env.qpos.data(), nullptr, sh.B, sh.T, env.y.data(), pool,
-                     env.scratch);
+                     env.scratch, {}, times);
   }
 }
 
@@ -590,6 +592,7 @@ Result run_bench(Options o) {
     int want = 0;  // runs it takes at least (the default ones may stop early)
     std::string rate_id, progress;
     std::vector<double> ms;
+    std::vector<BlockStageTimes> stage_ms;  // block rows: each run's stages
     double timed_ms = 0, spent_s = 0;  // its runs; its runs and evictions
   };
   // The shape's rows in the order they were asked for: a timed row, or a
@@ -743,8 +746,10 @@ Result run_bench(Options o) {
         const Clock::time_point e0 = Clock::now();
         if (t.cold) evictor.run(pool);
         const Clock::time_point t0 = Clock::now();
-        run_once(pool, sh, t.L, env);
+        BlockStageTimes stages;
+        run_once(pool, sh, t.L, env, &stages);
         t.ms.push_back(seconds_since(t0) * 1e3);
+        if (sh.phase == "block") t.stage_ms.push_back(stages);
         if (t.ms.size() == 1) t.row.timed_from_s = std::chrono::duration<double>(t0 - t_start).count();
         t.row.timed_to_s = seconds_since(t_start);
         t.timed_ms += t.ms.back();
@@ -766,6 +771,16 @@ Result run_bench(Options o) {
       row.ms_median = median(t.ms);
       row.ms_min = *std::min_element(t.ms.begin(), t.ms.end());
       row.runs = int(t.ms.size());
+      // Block rows: the stages of the median run (the faster of the two
+      // middle ones for an even count), so they add up to at most ms_median;
+      // the rest is the bench's restoring of the cache before each call.
+      if (!t.stage_ms.empty()) {
+        std::vector<size_t> order(t.ms.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.ms[a] < t.ms[b]; });
+        const BlockStageTimes& mid = t.stage_ms[order[(order.size() - 1) / 2]];
+        for (int i = 0; i < BlockStageTimes::kCount; ++i) row.stage_ms.emplace_back(BlockStageTimes::name(i), mid.ms[i]);
+      }
       row.gflops = row.flops / (row.ms_median * 1e-3) / 1e9;
       if (sh.decode_like()) {
         row.gbs = sh.kv_bytes / (row.ms_median * 1e-3) / 1e9;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "generator/kernel_key.h"
@@ -107,6 +108,9 @@ struct Row {
   double flops = 0, kv_bytes = 0;
   bool specialised = true;
   StageBackends stages;           // backend of each stage
+  // Block rows: wall ms of each stage of the block call (BlockStageTimes'
+  // names, in order) in the row's median run.
+  std::vector<std::pair<std::string, double>> stage_ms;
   // Everything but backend and ISA: rows with equal shape_id compete.
   std::string shape_id() const;
   // shape_id plus backend, ISA and projection provider: how --compare

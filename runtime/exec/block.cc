@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -486,9 +487,25 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
 
 }
 
+const char* BlockStageTimes::name(int i) {
+  static const char* const names[kCount] = {"cache_slots",       "pre_norm",       "qkv_projection", "qk_rope_cache",
+                                            "attention_core",    "out_projection", "post_norm"};
+  return i >= 0 && i < kCount ? names[i] : "";
+}
+
 void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& S,
-                      const BlockSplit& sp) {
+                      const BlockSplit& sp, BlockStageTimes* times) {
+  // Stage i ends at mark(i): its wall time is the time since the last mark.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last = times ? Clock::now() : Clock::time_point{};
+  auto mark = [&](int i) {
+    if (!times) return;
+    const Clock::time_point now = Clock::now();
+    times->ms[i] = std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+  };
+  if (times) *times = BlockStageTimes{};
   const LayerSpec& s = L.spec;
   const int64_t D = s.hidden_size, H = s.head_dim, N = s.num_heads, K = s.num_kv_heads;
   const int64_t QKV = (N + 2 * K) * H, R = B * T;
@@ -506,6 +523,7 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
   for (int64_t b = 0; b < B; ++b) cache.check_append(b, positions + b * T, real ? real + b * T : nullptr, T, T);
   for (int64_t b = 0; b < B; ++b) cache.append(b, positions + b * T, real ? real + b * T : nullptr, T, &S.slot[b * T]);
   const g3_kernel_table& k = L.for_call(T, sp.decode_max_tokens, seen_tokens(cache)).kernels.table;
+  mark(0);
 
   // Step 1: pre-norm (SPEC 1.2 / 2.1).
   const int64_t tb = sp.token_block, ntb = (R + tb - 1) / tb;
@@ -513,8 +531,10 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
     const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
     k.rmsnorm(x + r0 * D, r1 - r0, D, D, L.input_norm.data(), s.rms_eps, nullptr, S.u.data() + r0 * D, D);
   });
+  mark(1);
   // Step A: the fused q/k/v projection.
   run_qkv_projection(L, R, pool, S, sp);
+  mark(2);
 
   // Steps B-D: QK-norm, RoPE, alpha, cache write; tokens of a row are
   // independent and their slots distinct, so token blocks run in parallel.
@@ -551,13 +571,17 @@ void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* 
 
   // Steps E-I: the attention core; step J: the output projection; steps
   // 3-4: post-norm and the residual.
+  mark(3);
   run_attention_core(L, cache, positions, B, T, pool, S, sp);
+  mark(4);
   run_out_projection(L, R, pool, S, sp);
+  mark(5);
   if (!y) return;  // the attention part alone: its output stays in S.a
   pool.parallel_for(ntb, [&](int64_t i) {
     const int64_t r0 = i * tb, r1 = std::min(R, r0 + tb);
     k.rmsnorm(S.a.data() + r0 * D, r1 - r0, D, D, L.post_norm.data(), s.rms_eps, x + r0 * D, y + r0 * D, D);
   });
+  mark(6);
 }
 
 }  // namespace g3

@@ -134,9 +134,23 @@ struct BlockSplit {
 // attention output [B*T][D] in scratch.a (the C API's attention call, and a
 // head range's partial output projection, which is summed before the
 // post-norm; see head_range.h).
+// The stages of one block call, in order, as BlockStageTimes names them:
+// cache slots (checks and slot assignment), pre-norm (step 1), the fused
+// q/k/v projection (A), QK-norm + RoPE + alpha + cache write (B-D), the
+// attention core (E-I), the output projection (J), post-norm and residual
+// (3-4).
+struct BlockStageTimes {
+  static constexpr int kCount = 7;
+  static const char* name(int i);
+  double ms[kCount] = {};  // wall time of each stage of the call
+};
+
+// times, when given, receives the wall time of each stage of the call
+// (`g3attn bench`'s block rows report them); stages the call skips (y null:
+// the post-norm) stay 0.
 void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& scratch,
-                      const BlockSplit& split = {});
+                      const BlockSplit& split = {}, BlockStageTimes* times = nullptr);
 
 // The stages of run_block_cached that `g3attn bench` times on their own
 // (its prefill, decode and projections rows), exactly as the block runs them.

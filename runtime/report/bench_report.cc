@@ -83,6 +83,10 @@ nlohmann::json row_json(const Row& r) {
   if (r.phase == "decode") j["kv_bytes"] = r.kv_bytes;
   j["specialised"] = r.specialised;
   for (Stage s : kStages) j["stages"][stage_name(s)] = r.stages[s];
+  if (!r.stage_ms.empty()) {
+    j["stage_ms"] = nlohmann::json::object();
+    for (const auto& [name, ms] : r.stage_ms) j["stage_ms"][name] = ms;
+  }
   return j;
 }
 

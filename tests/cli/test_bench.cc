@@ -83,6 +83,24 @@ void check_schema(const json& j) {
       CHECK((r["kind"] == "local" || r["kind"] == "global"));
     }
     if (r["phase"] == "prefill") CHECK(r["new_tokens"] == 16);
+    // Block rows split their median run into the block's seven stages,
+    // which are consecutive parts of that run's timed interval.
+    if (r["phase"] == "block") {
+      REQUIRE(r["stage_ms"].is_object());
+      CHECK(r["stage_ms"].size() == 7);
+      double sum = 0;
+      for (const char* st : {"cache_slots", "pre_norm", "qkv_projection", "qk_rope_cache", "attention_core",
+                             "out_projection", "post_norm"}) {
+        INFO(st);
+        REQUIRE(r["stage_ms"].contains(st));
+        CHECK(r["stage_ms"][st].get<double>() >= 0);
+        sum += r["stage_ms"][st].get<double>();
+      }
+      CHECK(r["stage_ms"]["attention_core"].get<double>() > 0);
+      CHECK(sum <= r["ms_median"].get<double>() * (1 + 1e-9));
+    } else {
+      CHECK(!r.contains("stage_ms"));
+    }
   }
   CHECK(phases == std::set<std::string>{"prefill", "decode", "block", "projections"});
 }
