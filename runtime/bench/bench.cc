@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
@@ -776,7 +777,7 @@ Result run_bench(Options o) {
       // the rest is the bench's restoring of the cache before each call.
       if (!t.stage_ms.empty()) {
         std::vector<size_t> order(t.ms.size());
-        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::iota(order.begin(), order.end(), size_t{0});
         std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.ms[a] < t.ms[b]; });
         const BlockStageTimes& mid = t.stage_ms[order[(order.size() - 1) / 2]];
         for (int i = 0; i < BlockStageTimes::kCount; ++i) row.stage_ms.emplace_back(BlockStageTimes::name(i), mid.ms[i]);

@@ -123,17 +123,6 @@ struct BlockSplit {
   int64_t decode_max_tokens = 8;   // calls with at most this many tokens split KV
 };
 
-// One block call that appends to a KV cache: B rows of T new tokens each,
-// x and y [B][T][D] (y must not alias x), positions [B][T]; real[b*T+t] == 0
-// marks a padding token (never written to the cache, its output row is
-// computed but is don't-care when it sees no key); real may be null. Keys are
-// every real token the cache holds for the row, including this call's.
-// Equals the official full-length layout (SPEC 1.3-1.6) for every row with at
-// least one visible key, within f32 rounding. y may be null: the call then
-// stops after the output projection, before the post-norm, and leaves the
-// attention output [B*T][D] in scratch.a (the C API's attention call, and a
-// head range's partial output projection, which is summed before the
-// post-norm; see head_range.h).
 // The stages of one block call, in order, as BlockStageTimes names them:
 // cache slots (checks and slot assignment), pre-norm (step 1), the fused
 // q/k/v projection (A), QK-norm + RoPE + alpha + cache write (B-D), the
@@ -145,9 +134,19 @@ struct BlockStageTimes {
   double ms[kCount] = {};  // wall time of each stage of the call
 };
 
-// times, when given, receives the wall time of each stage of the call
-// (`g3attn bench`'s block rows report them); stages the call skips (y null:
-// the post-norm) stay 0.
+// One block call that appends to a KV cache: B rows of T new tokens each,
+// x and y [B][T][D] (y must not alias x), positions [B][T]; real[b*T+t] == 0
+// marks a padding token (never written to the cache, its output row is
+// computed but is don't-care when it sees no key); real may be null. Keys are
+// every real token the cache holds for the row, including this call's.
+// Equals the official full-length layout (SPEC 1.3-1.6) for every row with at
+// least one visible key, within f32 rounding. y may be null: the call then
+// stops after the output projection, before the post-norm, and leaves the
+// attention output [B*T][D] in scratch.a (the C API's attention call, and a
+// head range's partial output projection, which is summed before the
+// post-norm; see head_range.h). `times`, when given, receives the wall time
+// of each stage of the call (`g3attn bench`'s block rows report them);
+// stages the call skips (y null: the post-norm) stay 0.
 void run_block_cached(const PreparedLayer& L, LayerKvCache& cache, const float* x, const int32_t* positions,
                       const uint8_t* real, int64_t B, int64_t T, float* y, ThreadPool& pool, BlockScratch& scratch,
                       const BlockSplit& split = {}, BlockStageTimes* times = nullptr);
