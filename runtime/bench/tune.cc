@@ -17,6 +17,18 @@ struct Sum {
   int n = 0;               // shapes measured
 };
 
+// The fastest median of each shape among one pass's rows that `use` keeps.
+template <class Use, class Shape>
+std::map<std::string, double> fastest_per_shape(const std::vector<Row>& rows, Use use, Shape shape_of) {
+  std::map<std::string, double> best;
+  for (const Row& r : rows)
+    if (use(r)) {
+      auto [it, fresh] = best.try_emplace(shape_of(r), r.ms_median);
+      if (!fresh) it->second = std::min(it->second, r.ms_median);
+    }
+  return best;
+}
+
 // The choice rule both profile sections share. Rows that `use` keeps are
 // grouped into entries (id_of) whose candidates (candidate_of) compete on
 // one or more shapes (shape_of: e.g. the contexts of a kernel key). In each
@@ -38,16 +50,11 @@ std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vecto
   };
   std::map<std::string, std::map<std::string, std::map<std::string, Acc>>> acc;  // entry -> shape -> candidate
   for (const std::vector<Row>& rows : passes) {
-    std::map<std::string, double> best;  // per shape, in this pass
-    for (const Row& r : rows)
-      if (use(r)) {
-        auto [it, fresh] = best.try_emplace(shape_of(r), r.ms_median);
-        if (!fresh) it->second = std::min(it->second, r.ms_median);
-      }
+    const std::map<std::string, double> best = fastest_per_shape(rows, use, shape_of);
     for (const Row& r : rows) {
       if (!use(r)) continue;
       Acc& a = acc[id_of(r)][shape_of(r)][candidate_of(r)];
-      a.rel += r.ms_median / best[shape_of(r)];
+      a.rel += r.ms_median / best.at(shape_of(r));
       a.ms += r.ms_median;
       ++a.passes;
       first.emplace(id_of(r), &r);
@@ -95,14 +102,20 @@ std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>
   // Each kept candidate's time at each context (the mean over its passes).
   // Not on local layers: past the window their calls do the same work at
   // every context, so a route by context would only follow the noise.
+  // Also each one's time relative to the fastest of its context in each
+  // pass, for the entry's tie.
   std::map<std::string, std::map<int64_t, std::map<std::string, std::pair<double, int>>>> at_sum;
-  for (const std::vector<Row>& rows : passes)
+  std::map<std::string, std::map<std::pair<int64_t, std::string>, std::vector<double>>> rel_at;
+  for (const std::vector<Row>& rows : passes) {
+    const std::map<std::string, double> fastest = fastest_per_shape(rows, use, shape_of);
     for (const Row& r : rows) {
       if (!use(r) || r.kind == "local" || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
       auto& [ms, n] = at_sum[id_of(r)][*r.context][r.backend];
       ms += r.ms_median;
       ++n;
+      rel_at[id_of(r)][{*r.context, r.backend}].push_back(r.ms_median / fastest.at(shape_of(r)));
     }
+  }
   std::map<std::string, std::map<int64_t, std::map<std::string, double>>> at;
   for (const auto& [id, by_context] : at_sum)
     for (const auto& [ctx, per] : by_context)
@@ -116,6 +129,16 @@ std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>
     e.phase = r.phase == "decode" ? Phase::Decode : Phase::Prefill;
     choose(e, per);
     e.ms_at = at[id];
+    std::vector<double> spread;
+    for (const auto& [pair, rel] : rel_at[id])
+      if (rel.size() > 1) {
+        const auto [lo, hi] = std::minmax_element(rel.begin(), rel.end());
+        spread.push_back(*hi / *lo - 1);
+      }
+    if (!spread.empty()) {
+      std::nth_element(spread.begin(), spread.begin() + spread.size() / 2, spread.end());
+      e.tie = std::max(kContextTie, spread[spread.size() / 2]);
+    }
     if (!e.best.empty()) out.push_back(e);
   }
   return out;

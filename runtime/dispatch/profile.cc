@@ -131,6 +131,7 @@ void save_profile(const Profile& p, const std::string& path) {
     nlohmann::json je = {{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
                          {"ms", e.ms}, {"rel", e.rel}};
     for (const auto& [ctx, ms] : e.ms_at) je["ms_at"][std::to_string(ctx)] = ms;
+    if (!e.ms_at.empty()) je["tie"] = e.tie;
     j["entries"].push_back(je);
   }
   j["projections"] = nlohmann::json::array();
@@ -194,6 +195,11 @@ Profile load_profile(const std::string& path) {
           if (!at.count(pe.best))
             throw InputError(path + ": entry " + pe.key + " has no time for its best backend at context " + ctx);
         }
+      if (e.contains("tie")) {
+        pe.tie = e.at("tie").get<double>();
+        if (!std::isfinite(pe.tie) || pe.tie < 0 || pe.tie > 1)
+          throw InputError(path + ": entry " + pe.key + " has a tie that is not a fraction between 0 and 1");
+      }
       p.entries.push_back(pe);
     }
     if (j.contains("projections"))
@@ -289,7 +295,7 @@ std::vector<ContextRoute> context_routes(const ProfileEntry& e,
     std::string w = e.best;
     double w_ms = own;
     for (const auto& [name, ms] : per)
-      if (ms < w_ms && ms * (1 + kContextTie) < own && servable(name)) w = name, w_ms = ms;
+      if (ms < w_ms && ms * (1 + e.tie) < own && servable(name)) w = name, w_ms = ms;
     winner.emplace_back(ctx, w);
   }
   std::vector<ContextRoute> out;

@@ -12,9 +12,11 @@
 //   {"format": 2, "g3attn_version": "...", "cpu": {...}, "threads": N,
 //    "entries": [{"key", "phase": "prefill"|"decode", "isa", "best",
 //                 "ms": {backend: ms, ...}, "rel": {backend: score, ...},
-//                 "ms_at": {"<context>": {backend: ms, ...}, ...}}]}
-// ("ms_at" is optional; format 1 kept only each context's winner, which
-// cannot place a switch between contexts, so it counts as stale.)
+//                 "ms_at": {"<context>": {backend: ms, ...}, ...},
+//                 "tie": fraction}]}
+// ("ms_at" and "tie" are optional; format 1 kept only each context's
+// winner, which cannot place a switch between contexts, so it counts as
+// stale.)
 #pragma once
 #include <functional>
 #include <map>
@@ -39,6 +41,10 @@ struct CpuIdentity {
 const CpuIdentity& this_cpu();
 std::string g3attn_version();
 
+// The least gain that makes a route by context, on a profile that does not
+// say its own (ProfileEntry::tie).
+constexpr double kContextTie = 0.05;
+
 struct ProfileEntry {
   std::string key, isa;
   Phase phase = Phase::Prefill;
@@ -55,6 +61,10 @@ struct ProfileEntry {
   // more than a near-tie, auto routes calls by context (context_routes
   // below); `best` stays the choice over all of them.
   std::map<int64_t, std::map<std::string, double>> ms_at;
+  // The least gain at one context that switches a call away from `best`
+  // there (context_routes): kContextTie, or more where tune's own passes
+  // disagreed by more (bench/tune.h, entries_from_passes).
+  double tie = kContextTie;
 };
 
 // Which projection provider (onednn_route.h: "highway" or "onednn") was
@@ -106,7 +116,7 @@ AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
 // each choice with the smallest context it serves, in rising order; empty
 // when one backend serves every context. At each measured context the
 // entry's `best` keeps the call unless a backend that can serve it was
-// more than kContextTie faster there (a smaller gain is within this
+// more than the entry's `tie` faster there (a smaller gain is within this
 // machine's noise, and a wrong switch costs more than it can win). Between
 // two neighbouring contexts with different winners the switch sits where
 // the log of their time ratio, interpolated in log context, crosses zero.
@@ -114,7 +124,6 @@ struct ContextRoute {
   int64_t from = 0;
   AutoRoute route;
 };
-constexpr double kContextTie = 0.05;
 std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, const std::string& isa);
 // The same for one entry, `servable` saying which backends can run now.
 std::vector<ContextRoute> context_routes(const ProfileEntry& e,

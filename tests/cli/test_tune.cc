@@ -93,6 +93,11 @@ TEST_CASE("a route by context switches where the measured time ratio crosses 1, 
   // Within the near-tie at 4096 (xbyak 3% faster): one backend throughout.
   e.ms_at[4096]["xbyak"] = 0.97;
   CHECK(g3::context_routes(e, all).empty());
+  // An entry whose passes disagreed by 30% does not switch for 25% either.
+  e.ms_at[4096]["xbyak"] = 0.8;
+  e.tie = 0.3;
+  CHECK(g3::context_routes(e, all).empty());
+  e.tie = g3::kContextTie;
   // A winner that cannot run here is no candidate.
   e.ms_at[4096]["xbyak"] = 0.5;
   CHECK(g3::context_routes(e, [](const std::string& n) { return n != "xbyak"; }).empty());
@@ -126,6 +131,13 @@ TEST_CASE("over several passes, backends are compared within each pass and the r
   CHECK(entries[0].rel.at("xbyak") == Approx((1.1 + 1.1 + 1.0) / 3));
   CHECK(entries[0].ms.at("xbyak") == Approx((1.1 + 2.2 + 0.95) / 3));  // mean time over the passes
   CHECK(entries[0].ms_at.at(4096).at("highway") == Approx(4.0 / 3));
+  // The tie: the median of each (context, backend)'s slowest / fastest
+  // relative time over the passes, less 1: Highway 1 / 0.95 and xbyak 1.1.
+  CHECK(entries[0].tie == Approx(0.1));
+  // Passes that agree (to within 1%) keep the least tie.
+  const auto agreed = g3::bench::entries_from_passes({pass(1.0, 1.1), pass(2.0, 2.2), pass(1.0, 1.105)});
+  REQUIRE(agreed.size() == 1);
+  CHECK(agreed[0].tie == g3::kContextTie);
   // A pass that did not reach a context, and one that measured only one
   // backend there: every backend keeps the passes that measured it, and
   // each context weighs the same.
@@ -213,7 +225,12 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
     }
   }
   g3::save_profile(p, profile_in(dir));
+  p.entries.at(1).tie = 0.125;
+  g3::save_profile(p, profile_in(dir));
   CHECK(g3::load_profile(profile_in(dir)).entries.at(1).ms_at == p.entries.at(1).ms_at);
+  CHECK(g3::load_profile(profile_in(dir)).entries.at(1).tie == 0.125);
+  p.entries.at(1).tie = g3::kContextTie;
+  g3::save_profile(p, profile_in(dir));
 
   const g3test::CmdResult pl =
       g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
@@ -273,6 +290,15 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
       g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
   REQUIRE(neg.exit_code == 0);
   CHECK(neg.err.find("that is not a positive number") != std::string::npos);
+  // And a tie that is not a fraction.
+  text.replace(text.find("\"reference\": -2.0"), 17, "\"reference\": 2.0");
+  text.replace(text.find("\"tie\": 0.05"), 11, "\"tie\": -0.5");
+  g3test::write_text(profile_in(dir), text);
+  const g3test::CmdResult tie =
+      g3test::run_g3attn({"plan", "--model", "270m", "--isa", "scalar", "--json"}, env_for(dir));
+  REQUIRE(tie.exit_code == 0);
+  CHECK(tie.err.find("has a tie that is not a fraction between 0 and 1") != std::string::npos);
+  CHECK(json::parse(tie.out)["layers"][0]["source"] == "static rule");
 }
 
 TEST_CASE("g3attn tune measures both KV types by default", "[tune][cli]") {
