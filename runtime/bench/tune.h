@@ -55,11 +55,10 @@ TuneResult run_tune(const TuneOptions& o);
 // kContextTie. A switch by context needs a gain above that: on an AMD EPYC
 // Zen 5, tune sent 1B's global prefill over 1024 positions to xbyak, 1.05x
 // ahead there, which two benches then timed at 1.08x and 1.11x Highway's.
-// Each row's own pass is the
-// only fair comparison: the fastest pass of each row taken apart (the rule
-// before) let a row that one quiet moment favoured win; on an AMD EPYC Zen
-// 5, auto then ran xbyak's 4B local decode core, 3% ahead in tune, at
-// 1.1-1.25x Highway's time in two later benches.
+// Each row's own pass is the only fair comparison: the fastest pass of each
+// row taken apart (the rule before) let a row that one quiet moment
+// favoured win; on an AMD EPYC Zen 5, auto then ran xbyak's 4B local decode
+// core, 3% ahead in tune, at 1.1-1.25x Highway's time in two later benches.
 std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>>& passes);
 
 // The projection entries a set of bench rows implies (projections rows with
