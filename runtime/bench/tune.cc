@@ -102,18 +102,19 @@ std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>
   // Each kept candidate's time at each context (the mean over its passes).
   // Not on local layers: past the window their calls do the same work at
   // every context, so a route by context would only follow the noise.
-  // Also each one's time relative to the fastest of its context in each
-  // pass, for the entry's tie.
+  // On every layer, each one's time relative to the fastest of its context
+  // in each pass, for the entry's tie.
   std::map<std::string, std::map<int64_t, std::map<std::string, std::pair<double, int>>>> at_sum;
   std::map<std::string, std::map<std::pair<int64_t, std::string>, std::vector<double>>> rel_at;
   for (const std::vector<Row>& rows : passes) {
     const std::map<std::string, double> fastest = fastest_per_shape(rows, use, shape_of);
     for (const Row& r : rows) {
-      if (!use(r) || r.kind == "local" || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
+      if (!use(r) || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
+      rel_at[id_of(r)][{*r.context, r.backend}].push_back(r.ms_median / fastest.at(shape_of(r)));
+      if (r.kind == "local") continue;
       auto& [ms, n] = at_sum[id_of(r)][*r.context][r.backend];
       ms += r.ms_median;
       ++n;
-      rel_at[id_of(r)][{*r.context, r.backend}].push_back(r.ms_median / fastest.at(shape_of(r)));
     }
   }
   std::map<std::string, std::map<int64_t, std::map<std::string, double>>> at;

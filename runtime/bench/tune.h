@@ -49,12 +49,13 @@ TuneResult run_tune(const TuneOptions& o);
 // ISA), the backend with the lowest sum over contexts of its time relative
 // to the fastest row of the same context in the same pass (the mean over
 // the passes that measured it); on global layers, also each backend's mean
-// time at each context (ProfileEntry::ms_at) and the entry's tie: the
+// time at each context (ProfileEntry::ms_at); and the entry's tie: the
 // median over its (context, backend) pairs of how far the pair's relative
 // times disagreed between passes (slowest / fastest - 1), at least
-// kContextTie. A switch by context needs a gain above that: on an AMD EPYC
-// Zen 5, tune sent 1B's global prefill over 1024 positions to xbyak, 1.05x
-// ahead there, which two benches then timed at 1.08x and 1.11x Highway's.
+// kContextTie. Leaving the static rule, or switching by context, needs a
+// gain above that (profile_choice, context_routes): on an AMD EPYC Zen 5,
+// tune sent 1B's global prefill over 1024 positions to xbyak, 1.05x ahead
+// there, which two benches then timed at 1.08x and 1.11x Highway's.
 // Each row's own pass is the only fair comparison: the fastest pass of each
 // row taken apart (the rule before) let a row that one quiet moment
 // favoured win; on an AMD EPYC Zen 5, auto then ran xbyak's 4B local decode

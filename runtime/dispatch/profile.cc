@@ -131,7 +131,7 @@ void save_profile(const Profile& p, const std::string& path) {
     nlohmann::json je = {{"key", e.key}, {"phase", to_string(e.phase)}, {"isa", e.isa}, {"best", e.best},
                          {"ms", e.ms}, {"rel", e.rel}};
     for (const auto& [ctx, ms] : e.ms_at) je["ms_at"][std::to_string(ctx)] = ms;
-    if (!e.ms_at.empty()) je["tie"] = e.tie;
+    je["tie"] = e.tie;
     j["entries"].push_back(je);
   }
   j["projections"] = nlohmann::json::array();
@@ -268,16 +268,28 @@ bool can_serve(const std::string& name, const KernelKey& key, const std::string&
 
 }  // namespace
 
+std::string profile_choice(const ProfileEntry& e, const std::string& rule) {
+  if (rule == e.best || !e.rel.count(rule) || !e.rel.count(e.best)) return e.best;
+  for (const auto& [ctx, per] : e.ms_at)
+    if (!per.count(rule)) return e.best;
+  return e.rel.at(rule) <= e.rel.at(e.best) * (1 + e.tie) ? rule : e.best;
+}
+
 AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa) {
   AutoRoute r;
   r.backend = auto_backend(key, phase, isa).name;
   r.source = "static rule";
   if (const Profile* p = active_profile()) {
     if (const ProfileEntry* e = p->find(key.str(), phase, isa); e && can_serve(e->best, key, isa)) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.2fx", 1 + e->margin());
-      r.backend = e->best;
-      r.source = "profile: " + std::string(buf) + " the next backend";
+      char buf[160];
+      if (profile_choice(*e, r.backend) == e->best) {
+        std::snprintf(buf, sizeof buf, "profile: %.2fx the next backend", 1 + e->margin());
+        r.backend = e->best;
+      } else {
+        std::snprintf(buf, sizeof buf, "profile: %s %.2fx ahead, within tune's noise (%.0f%%): the static rule",
+                      e->best.c_str(), e->rel.at(r.backend) / e->rel.at(e->best), e->tie * 100);
+      }
+      r.source = buf;
       r.from_profile = true;
     }
   }
@@ -339,7 +351,9 @@ std::vector<ContextRoute> context_routes(const KernelKey& key, Phase phase, cons
   const Profile* p = active_profile();
   const ProfileEntry* e = p ? p->find(key.str(), phase, isa) : nullptr;
   if (!e) return {};
-  return context_routes(*e, [&](const std::string& name) { return can_serve(name, key, isa); });
+  ProfileEntry chosen = *e;
+  chosen.best = profile_choice(*e, auto_backend(key, phase, isa).name);
+  return context_routes(chosen, [&](const std::string& name) { return can_serve(name, key, isa); });
 }
 
 }  // namespace g3

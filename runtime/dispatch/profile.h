@@ -61,11 +61,20 @@ struct ProfileEntry {
   // more than a near-tie, auto routes calls by context (context_routes
   // below); `best` stays the choice over all of them.
   std::map<int64_t, std::map<std::string, double>> ms_at;
-  // The least gain at one context that switches a call away from `best`
-  // there (context_routes): kContextTie, or more where tune's own passes
-  // disagreed by more (bench/tune.h, entries_from_passes).
+  // How far tune's own passes disagreed on this entry (bench/tune.h,
+  // entries_from_passes), at least kContextTie: the least gain that moves
+  // auto away from the static rule (profile_choice) and, at one context,
+  // away from the choice (context_routes).
   double tie = kContextTie;
 };
+
+// The backend auto runs for an entry whose static-rule backend is `rule`:
+// the entry's best, unless `rule` was measured (at every context) within
+// the entry's tie of it. A smaller lead is inside the noise of tune's own
+// passes, and the static rule is what every CPU without a profile runs: on
+// an AMD EPYC Zen 5, two tunes chose LLVM for 1B's local decode under avx3
+// by 2-3%, and four benches then timed Highway 1.12-1.33x faster.
+std::string profile_choice(const ProfileEntry& e, const std::string& rule);
 
 // Which projection provider (onednn_route.h: "highway" or "onednn") was
 // fastest for a phase and compute mode: the sum over the models measured of
@@ -115,7 +124,7 @@ AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
 // Where auto's choice for (key, phase, ISA cap) changes with the context,
 // each choice with the smallest context it serves, in rising order; empty
 // when one backend serves every context. At each measured context the
-// entry's `best` keeps the call unless a backend that can serve it was
+// entry's choice (profile_choice) keeps the call unless a backend that can serve it was
 // more than the entry's `tie` faster there (a smaller gain is within this
 // machine's noise, and a wrong switch costs more than it can win). Between
 // two neighbouring contexts with different winners the switch sits where

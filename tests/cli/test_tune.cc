@@ -115,6 +115,33 @@ TEST_CASE("a route by context switches where the measured time ratio crosses 1, 
   CHECK((r[2].from > 4096 && r[2].from < 32768));
 }
 
+TEST_CASE("auto leaves the static rule only for a lead above the noise of tune's passes", "[tune]") {
+  g3::ProfileEntry e;
+  e.best = "llvm";
+  e.rel = {{"llvm", 2.0}, {"highway", 2.08}, {"xbyak", 3.0}};
+  e.ms_at = {{4096, {{"llvm", 1.0}, {"highway", 1.04}}}, {32768, {{"llvm", 1.0}, {"highway", 1.04}}}};
+  e.tie = 0.05;
+  CHECK(g3::profile_choice(e, "highway") == "highway");  // 4% ahead: inside the tie
+  e.tie = 0.03;
+  CHECK(g3::profile_choice(e, "highway") == "llvm");
+  CHECK(g3::profile_choice(e, "llvm") == "llvm");
+  CHECK(g3::profile_choice(e, "amx") == "llvm");  // the rule's backend was not measured
+  // Nor when a context lacks it (a hand-edited file).
+  e.tie = 0.05;
+  e.ms_at[4096].erase("highway");
+  CHECK(g3::profile_choice(e, "highway") == "llvm");
+  // A route by context starts from that choice: measured on every layer
+  // kind, the tie is there on local entries too.
+  std::vector<g3::bench::Row> rows = {row("highway", "decode", 4096, 1.0), row("llvm", "decode", 4096, 0.98)};
+  for (g3::bench::Row& r : rows) r.kind = "local";
+  std::vector<g3::bench::Row> again = rows;
+  again[1].ms_median = 1.2;
+  const auto entries = g3::bench::entries_from_passes({rows, again});
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].best == "highway");  // (0.98 / 0.98 + 1.2 / 1.0) / 2 = 1.1 against (1 / 0.98 + 1) / 2
+  CHECK(entries[0].tie == Approx(1.2 - 1));  // llvm's spread, the larger of the two: 1.2 / 1.0 - 1
+}
+
 TEST_CASE("over several passes, backends are compared within each pass and the ratios averaged", "[tune]") {
   // Highway is 10% ahead of xbyak in two passes; in the third, a quiet
   // moment on xbyak's runs puts it 5% ahead. Each row's fastest pass taken
