@@ -58,8 +58,8 @@ struct ProfileEntry {
   // change with the context: a decode over 4096 positions reads K/V from
   // the last-level cache, one over 32768 from DRAM, and the kernels that
   // win the first need not win the second. Where the contexts disagree by
-  // more than a near-tie, auto routes calls by context (context_routes
-  // below); `best` stays the choice over all of them.
+  // more than the entry's tie, auto routes calls by context (context_routes
+  // below) around its choice over all of them (profile_choice).
   std::map<int64_t, std::map<std::string, double>> ms_at;
   // How far tune's own passes disagreed on this entry (bench/tune.h,
   // entries_from_passes), at least kContextTie: the least gain that moves
@@ -124,11 +124,12 @@ AutoRoute auto_route(const KernelKey& key, Phase phase, const std::string& isa);
 // Where auto's choice for (key, phase, ISA cap) changes with the context,
 // each choice with the smallest context it serves, in rising order; empty
 // when one backend serves every context. At each measured context the
-// entry's choice (profile_choice) keeps the call unless a backend that can serve it was
-// more than the entry's `tie` faster there (a smaller gain is within this
-// machine's noise, and a wrong switch costs more than it can win). Between
-// two neighbouring contexts with different winners the switch sits where
-// the log of their time ratio, interpolated in log context, crosses zero.
+// entry's choice (profile_choice) keeps the call unless a backend that can
+// serve it was more than the entry's `tie` faster there (a smaller gain is
+// within this machine's noise, and a wrong switch costs more than it can
+// win). Between two neighbouring contexts with different winners the switch
+// sits where the log of their time ratio, interpolated in log context,
+// crosses zero.
 struct ContextRoute {
   int64_t from = 0;
   AutoRoute route;
