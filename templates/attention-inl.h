@@ -560,14 +560,14 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
   const size_t NL = hn::Lanes(d);
   const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
   for (size_t s = 0; s < nk; ++s) {
-    // One key row of K and of V, kPf keys ahead, per key: spread out like
-    // this the prefetches never queue behind each other (see the caller).
-    // Into L2 (prefetcht1), not L1: the rows reach L1 on their demand load
-    // a few keys later anyway.
+    // One key row of K and of V, a few keys ahead (the caller's pf), per
+    // key: spread out like this the prefetches never queue behind each
+    // other. Into L1 (prefetcht0): the distance is short enough that the
+    // rows are still there when the loads come (see the caller).
     if (s < pf_keys)
       for (size_t off = 0; off < row_bytes; off += 64) {
-        __builtin_prefetch(pf_k + s * row_bytes + off, 0, 2);
-        __builtin_prefetch(pf_v + s * row_bytes + off, 0, 2);
+        __builtin_prefetch(pf_k + s * row_bytes + off, 0, 3);
+        __builtin_prefetch(pf_v + s * row_bytes + off, 0, 3);
       }
     hn::Vec<D> acc[NR][2];
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
@@ -671,7 +671,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
     const size_t nt = size_t(a->S) - t0 < kBk ? size_t(a->S) - t0 : kBk;
     for (size_t b = 0; b < nt; b += kDk) {
       const size_t s0 = t0 + b, nk = nt - b < kDk ? nt - b : kDk;
-      // Ask for the K and V rows kPf keys ahead explicitly as well (slots
+      // Ask for the K and V rows pf keys ahead explicitly as well (slots
       // are contiguous per KV head, so these are two sequential byte ranges):
       // one thread's demand misses alone do not keep enough reads in flight.
       // DecodeLogits issues them one key row at a time between its loads: a
@@ -679,19 +679,27 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
       // queued behind the miss buffers and stalled the loop (AMD EPYC Zen 5,
       // 2 threads, bench --phase block --new-tokens 1 --context 2048, 4B:
       // local 0.755-0.830 ms against 0.855-0.917, global 1.05-1.10 against
-      // 1.17-1.20, 3 alternations). Prefetching into L2 (prefetcht1) instead
-      // of L1 measured no better there, and faster on every row on an AMD
-      // EPYC Zen 4 (2 threads, bench --phase decode --model 1b,4b --context
-      // 2048,32768 --kv-dtype f32,bf16, cold rows, min over 3 alternations:
-      // 1.07-1.63x; 4B global bf16 over 2048 0.320 ms against 0.429, 1B
-      // global f32 over 32768 2.05 against 3.25); there prefetchnta was no
-      // better than prefetcht0, and 96 keys ahead no better than 48.
-      constexpr size_t kPf = 48;
+      // 1.17-1.20, 3 alternations).
+      // How far ahead: kPfBytes of K and V together, into L1, which keeps
+      // the prefetched rows to a quarter of the smallest L1 data cache of a
+      // current x86 core (32 KiB). Before, 48 keys ahead (48 KiB of K and V
+      // in bf16 at head_dim 256, 96 KiB in f32) into L2: into L1 at that
+      // distance had been 1.07-1.63x slower on an AMD EPYC Zen 4, whose L1
+      // is 32 KiB, as rows pushed out before their loads would be. 8 KiB
+      // into L1 against the 48 keys into L2, flipped decode step by decode
+      // step inside one `g3attn run` (128 steps, median block time of each
+      // layer kind; AMD EPYC Zen 5, 2 threads; the same switch with nothing
+      // to flip reads 0.99-1.01 on local layers, 0.95-0.99 on global ones):
+      // f32 KV (4 keys) local blocks 0.93-0.94x, global 0.79-0.87x; bf16 (8
+      // keys) local 0.97x, global 0.80-0.95x. 16 KiB into L1 was between
+      // the two, 24 keys into L2 0.94-0.99x, 96 keys into L2 1.00-1.02x.
+      constexpr size_t kPfBytes = 8 * 1024;
       const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
-      const size_t ahead = s0 + kPf < size_t(a->S) ? size_t(a->S) - s0 - kPf : 0;
+      const size_t pf = kPfBytes / (2 * H * esz) > 0 ? kPfBytes / (2 * H * esz) : 1;
+      const size_t ahead = s0 + pf < size_t(a->S) ? size_t(a->S) - s0 - pf : 0;
       const size_t pf_keys = ahead < nk ? ahead : nk;
-      const uint8_t* kb = pf_keys ? static_cast<const uint8_t*>(a->k) + (s0 + kPf) * H * esz : nullptr;
-      const uint8_t* vb = pf_keys ? static_cast<const uint8_t*>(a->v) + (s0 + kPf) * H * esz : nullptr;
+      const uint8_t* kb = pf_keys ? static_cast<const uint8_t*>(a->k) + (s0 + pf) * H * esz : nullptr;
+      const uint8_t* vb = pf_keys ? static_cast<const uint8_t*>(a->v) + (s0 + pf) * H * esz : nullptr;
       DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, vb, pf_keys);
       SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       if constexpr (kBC)
