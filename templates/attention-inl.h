@@ -691,8 +691,9 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
       // layer kind; AMD EPYC Zen 5, 2 threads; the same switch with nothing
       // to flip reads 0.99-1.01 on local layers, 0.95-0.99 on global ones):
       // f32 KV (4 keys) local blocks 0.93-0.94x, global 0.79-0.87x; bf16 (8
-      // keys) local 0.97x, global 0.80-0.95x. 16 KiB into L1 was between
-      // the two, 24 keys into L2 0.94-0.99x, 96 keys into L2 1.00-1.02x.
+      // keys) local 0.97x, global 0.80-0.95x. 16 KiB into L1 measured alike
+      // for f32 but less well for bf16 (global 0.91-0.96x), 24 keys into L2
+      // 0.94-0.99x, 96 keys into L2 0.97-1.03x.
       constexpr size_t kPfBytes = 8 * 1024;
       const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
       const size_t pf = kPfBytes / (2 * H * esz) > 0 ? kPfBytes / (2 * H * esz) : 1;
