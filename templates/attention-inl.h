@@ -37,6 +37,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "bf16-inl.h"
+#include "decode_prefetch.h"
 #include "kernel_contract.h"
 #include "mask_rule.h"
 #include "scratch.h"
@@ -660,23 +661,10 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
     g3_row_set_add(&rs, rb[r]);
   }
   memset(O, 0, NR * H * sizeof(float));
-  // How far ahead the sub-blocks below prefetch (pf keys): kPfBytes of K
-  // and V together, into L1, which keeps the prefetched rows to a quarter
-  // of the smallest L1 data cache of a current x86 core (32 KiB). Before, 48 keys ahead (48 KiB of K and V
-  // in bf16 at head_dim 256, 96 KiB in f32) into L2: into L1 at that
-  // distance had been 1.07-1.63x slower on an AMD EPYC Zen 4, whose L1
-  // is 32 KiB, as rows pushed out before their loads would be. 8 KiB
-  // into L1 against the 48 keys into L2, flipped decode step by decode
-  // step inside one `g3attn run` (128 steps, median block time of each
-  // layer kind; AMD EPYC Zen 5, 2 threads; the same switch with nothing
-  // to flip reads 0.99-1.01 on local layers, 0.95-0.99 on global ones):
-  // f32 KV (4 keys) local blocks 0.93-0.94x, global 0.79-0.87x; bf16 (8
-  // keys) local 0.97x, global 0.80-0.95x. 16 KiB into L1 measured alike
-  // for f32 but less well for bf16 (global 0.91-0.96x), 24 keys into L2
-  // 0.94-0.99x, 96 keys into L2 0.97-1.03x.
-  constexpr size_t kPfBytes = 8 * 1024;
+  // How far ahead the sub-blocks below prefetch (pf keys; decode_prefetch.h
+  // says why that distance, into L1).
   const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
-  const size_t pf = kPfBytes / (2 * H * esz) > 0 ? kPfBytes / (2 * H * esz) : 1;
+  const size_t pf = g3_decode_prefetch_keys(H, esz);
   // Tiles are classified as in prefill, then streamed in sub-blocks of kDk
   // keys: a sub-block's K and V rows (2 x kDk x H elements) stay in L1
   // between the logits and P.V, so each is read from memory exactly once.

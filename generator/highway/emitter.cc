@@ -33,7 +33,7 @@ std::vector<KernelKey> attention_keys(const std::vector<ModelConfig>& models, co
 
 const std::vector<std::string>& template_header_names() {
   static const std::vector<std::string> v = {
-      "kernel_contract.h", "mask_rule.h", "scratch.h", "bf16-inl.h", "softmax-inl.h",
+      "kernel_contract.h", "mask_rule.h", "scratch.h", "decode_prefetch.h", "bf16-inl.h", "softmax-inl.h",
       "hwy_targets.h", "attention_registry.h", "attention-inl.h", "attention_key-inl.h"};
   return v;
 }

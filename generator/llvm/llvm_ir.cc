@@ -28,11 +28,13 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <functional>
 #include <vector>
 
+#include "templates/decode_prefetch.h"
 #include "templates/kernel_contract.h"
 #include "templates/mask_rule.h"
 
@@ -99,7 +101,7 @@ class Emitter {
 
  private:
   struct CoreState;
-  void emit_qk_tile(const CoreState& st, int R);
+  void emit_qk_tile(const CoreState& st, int R, bool prefetch);
   void emit_pv_tile(const CoreState& st, int R);
 
   // ---- small helpers -------------------------------------------------------
@@ -400,8 +402,17 @@ struct Emitter::CoreState {
 
 // S[r][j] = sum_h q_r[h] k_{s0+j}[h] for the tile's R rows: RB rows x SB
 // keys per register block, VL-wide partial sums reduced at the end.
-void Emitter::emit_qk_tile(const CoreState& st, int R) {
+// `prefetch` (decode tiles): a decode step runs at the memory's pace, so the
+// first row block also asks for the K and V rows g3_decode_prefetch_keys
+// ahead (templates/decode_prefetch.h), one line of each per line of K its
+// loads consume (the head_dim loop is unrolled to whole lines for that):
+// the Highway decode core's rule.
+void Emitter::emit_qk_tile(const CoreState& st, int R, bool prefetch) {
   const int TK = tiling_.tk, SB = std::min(tiling_.qk_keys, TK), RB = pow2_divisor(R, tiling_.qk_rows);
+  const int esz = bf16_ ? 2 : 4, per_line = std::max(1, 64 / (VL * esz));
+  const int unroll = prefetch && NV % per_line == 0 ? per_line : 1;
+  const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(H), size_t(esz))) * H;  // in elements
+  Type* kv_elem = bf16_ ? i16 : f32;
   for_(c64(0), c64(R), RB, [&](Value* rb) {
     std::vector<Value*> qr;
     for (int i = 0; i < RB; ++i)
@@ -413,14 +424,27 @@ void Emitter::emit_qk_tile(const CoreState& st, int R) {
             b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, b.CreateAdd(sb, c64(j)))), c64(H)));
       const int NA = RB * SB;
       for (int x = 0; x < NA; ++x) b.CreateStore(splatf(VL, 0.f), st.accs[x]);
-      for_(c64(0), c64(NV), 1, [&](Value* c) {
-        Value* e = b.CreateMul(c, c64(VL));
-        std::vector<Value*> qv, kv;
-        for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
-        for (int j = 0; j < SB; ++j) kv.push_back(load_kv(st.K, b.CreateAdd(kb[j], e), VL));
-        for (int i = 0; i < RB; ++i)
-          for (int j = 0; j < SB; ++j)
-            b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), st.accs[i * SB + j])), st.accs[i * SB + j]);
+      for_(c64(0), c64(NV), unroll, [&](Value* c) {
+        if (prefetch) {
+          auto ask = [&] {
+            Value* e = b.CreateAdd(b.CreateMul(c, c64(VL)), c64(ahead));
+            for (int j = 0; j < SB; ++j)
+              for (Value* base : {st.K, st.V})
+                b.CreateIntrinsic(Intrinsic::prefetch, {ptr},
+                                  {b.CreateGEP(kv_elem, base, b.CreateAdd(kb[j], e)), c32(0), c32(3), c32(1)});
+          };
+          if (R > RB) if_(b.CreateICmpEQ(rb, c64(0)), ask);
+          else ask();
+        }
+        for (int u = 0; u < unroll; ++u) {
+          Value* e = b.CreateMul(b.CreateAdd(c, c64(u)), c64(VL));
+          std::vector<Value*> qv, kv;
+          for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
+          for (int j = 0; j < SB; ++j) kv.push_back(load_kv(st.K, b.CreateAdd(kb[j], e), VL));
+          for (int i = 0; i < RB; ++i)
+            for (int j = 0; j < SB; ++j)
+              b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), st.accs[i * SB + j])), st.accs[i * SB + j]);
+        }
       });
       std::vector<Value*> in;
       for (int x = 0; x < NA; ++x) in.push_back(b.CreateLoad(vt(VL), st.accs[x]));
@@ -571,7 +595,7 @@ void Emitter::emit_core() {
           Value* s = b.CreateAdd(s0, j);
           b.CreateStore(b.CreateSelect(b.CreateICmpSLT(s, S), s, S1), b.CreateInBoundsGEP(i64, st.kslot, j));
         });
-        emit_qk_tile(st, R);
+        emit_qk_tile(st, R, TQ == 1);
         Value* full = b.CreateZExt(b.CreateICmpEQ(cls, c32(G3_TILE_FULL)), i32);
         b.CreateCall(softmax_fn, {st.Pbuf, c64(TK), c64(R), c64(TK), full, s0, st.kp_t, st.kv_t, st.rbounds,
                                   st.Mrow, st.Lrow, st.Corr});

@@ -280,14 +280,15 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
         const char* kblk = static_cast<const char*>(a->k) + size_t(k0 * dh) * esz;
         const int64_t whole = nk / 4 * 4, rest = nk - whole;
         if (whole > 0) {
-          QkCall qc{qs, kblk, s, R, whole};
+          const int64_t v_minus_k = int64_t(reinterpret_cast<uintptr_t>(a->v) - reinterpret_cast<uintptr_t>(a->k));
+          QkCall qc{qs, kblk, s, R, whole, v_minus_k};
           ctx->qk_direct(&qc);
         }
         if (rest > 0) {
           const size_t row = size_t(dh) * esz;
           std::memcpy(kpad, kblk + size_t(whole) * row, size_t(rest) * row);
           std::memset(static_cast<char*>(kpad) + size_t(rest) * row, 0, size_t(4 - rest) * row);
-          QkCall qc{qs, kpad, s + whole, R, 4};
+          QkCall qc{qs, kpad, s + whole, R, 4, 0};
           ctx->qk_direct(&qc);
         }
       } else {
@@ -297,7 +298,7 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
           if (keep) sc.kt_done[size_t(b)] = 1;
         }
         for (int st = 0; st < kb / c.tk && st * c.tk < nk; ++st) {
-          QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R, c.tk};
+          QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R, c.tk, 0};
           ctx->qk(&qc);
         }
       }

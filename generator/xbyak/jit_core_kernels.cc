@@ -32,6 +32,7 @@
 //     add rax,4 ; add rcx,0x400 ; dec rdx ; jne
 // On the vdpbf16ps path v is the key-pair-interleaved repack of the bf16 V
 // tile and p one bf16 pair of keys, so one instruction covers two keys.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +43,7 @@
 
 #include "generator/xbyak/jit_plumbing.h"
 #include "generator/xbyak/xbyak_core.h"
+#include "templates/decode_prefetch.h"
 
 namespace g3::xbyak {
 
@@ -158,10 +160,15 @@ struct QkJit : JitBase {
 //     vmovups zmm16,[rcx] ; ... zmm19,[rcx+0xc00]    ; 4 keys, 16 dims each
 //     vmovups zmm20,[rdx] ; vmovups zmm21,[rdx+0x400] ; q rows 0, 1, ...
 //     vfmadd231ps zmm0,zmm16,zmm20 ...               ; 4 x rows FMAs
+//     prefetcht0 [rcx+0x1000] ; prefetcht0 [rcx+r13+0x1000] ; ...  ; K and V rows 4 keys ahead
+// Decode runs at the memory's pace, so the kernel asks for the K and V rows
+// g3_decode_prefetch_keys ahead (templates/decode_prefetch.h), one line of
+// each per line its loads consume: the Highway decode core's rule.
 struct QkDirectJit : JitBase {
   const Reg64 reg_args = rdi, reg_q = r8, reg_k = r9, reg_s = r10, reg_rows = r11;
   const Reg64 reg_sw = rdi, reg_grp = rsi, reg_kg = rax, reg_kw = rcx, reg_qw = rdx, reg_cnt = rbx;
   const Reg64 reg_groups = r12;  // groups of kKeys keys per row block (QkCall::keys / kKeys)
+  const Reg64 reg_vk = r13;      // QkCall::v_minus_k
   static constexpr int kKeys = 4;
   const int max_rows;
 
@@ -182,6 +189,8 @@ struct QkDirectJit : JitBase {
     mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
     push(reg_cnt);
     push(reg_groups);
+    push(reg_vk);
+    mov(reg_vk, ptr[reg_args + offsetof(QkCall, v_minus_k)]);
     mov(reg_groups, ptr[reg_args + offsetof(QkCall, keys)]);
     static_assert(kKeys == 4, "the shift divides by kKeys");
     shr(reg_groups, 2);
@@ -194,6 +203,7 @@ struct QkDirectJit : JitBase {
       add(reg_s, n * cfg.kb * 4);
     });
     L(none);
+    pop(reg_vk);
     pop(reg_groups);
     pop(reg_cnt);
     vzeroupper();
@@ -210,23 +220,34 @@ struct QkDirectJit : JitBase {
     L(grp);
     for (int r = 0; r < n; ++r)
       for (int j = 0; j < kKeys; ++j) vxorps(acc(r, j), acc(r, j), acc(r, j));
+    // The head_dim loop, unrolled to a whole cache line of K per key where
+    // the steps divide into lines, so each line is asked for once.
+    const int per_line = std::max(1, 64 / kstep), unroll = steps() % per_line == 0 ? per_line : 1;
+    const int ahead = int(g3_decode_prefetch_keys(size_t(cfg.head_dim), cfg.bf16_kv ? 2 : 4)) * krow();
     mov(reg_kw, reg_kg);
     mov(reg_qw, reg_q);
-    mov(reg_cnt, steps());
+    mov(reg_cnt, steps() / unroll);
     L(dep);
-    for (int j = 0; j < kKeys; ++j) {
-      if (widen()) {
-        vpmovzxwd(kreg(j), ptr[reg_kw + j * krow()]);
-        vpslld(kreg(j), kreg(j), 16);
-      } else {
-        vmovups(kreg(j), ptr[reg_kw + j * krow()]);
+    for (int u = 0; u < unroll; ++u) {
+      if (u == 0)
+        for (int j = 0; j < kKeys; ++j) {
+          prefetcht0(ptr[reg_kw + j * krow() + ahead]);
+          prefetcht0(ptr[reg_kw + reg_vk + j * krow() + ahead]);
+        }
+      for (int j = 0; j < kKeys; ++j) {
+        if (widen()) {
+          vpmovzxwd(kreg(j), ptr[reg_kw + j * krow() + u * kstep]);
+          vpslld(kreg(j), kreg(j), 16);
+        } else {
+          vmovups(kreg(j), ptr[reg_kw + j * krow() + u * kstep]);
+        }
       }
+      for (int r = 0; r < n; ++r) vmovups(qreg(r), ptr[reg_qw + r * qrow + u * vbytes()]);
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < kKeys; ++j) mac(acc(r, j), kreg(j), qreg(r));
     }
-    for (int r = 0; r < n; ++r) vmovups(qreg(r), ptr[reg_qw + r * qrow]);
-    for (int r = 0; r < n; ++r)
-      for (int j = 0; j < kKeys; ++j) mac(acc(r, j), kreg(j), qreg(r));
-    add(reg_kw, kstep);
-    add(reg_qw, vbytes());
+    add(reg_kw, kstep * unroll);
+    add(reg_qw, vbytes() * unroll);
     dec(reg_cnt);
     jnz(dep, T_NEAR);
     // Horizontal sums: (512 ->) 256 -> 128 -> 64 -> 32 bits.

@@ -64,6 +64,10 @@ struct QkCall {
   // from cache rows, writes columns 0..keys-1 (a multiple of 4, at most kb);
   // the transposed kernel always computes its sub-tile's tk.
   int64_t keys;
+  // Direct kernel only: bytes from a K row to the V row of the same slot
+  // (a->v - a->k), so it can prefetch both (templates/decode_prefetch.h);
+  // 0 prefetches K alone.
+  int64_t v_minus_k;
 };
 struct PvCall {
   const void* p;     // [rows][kb] f32, or [rows][kb/2] bf16 pairs of p
