@@ -317,11 +317,13 @@ DramRead measure_dram_read(int threads) {
   const size_t total = std::max<size_t>(size_t{1} << 30, 4 * size_t(std::max(0LL, llc_bytes())));
   const size_t per = total / size_t(threads) / 4096 * 4096;
   const size_t n = per / sizeof(float);
+  std::vector<std::shared_ptr<uint8_t>> owners(static_cast<size_t>(threads));
   std::vector<float*> slices(static_cast<size_t>(threads), nullptr);
   bool ok = true;
-  for (auto& s : slices) {
+  for (size_t t = 0; t < slices.size(); ++t) {
     try {
-      s = static_cast<float*>(alloc_big(per));  // 2 MiB pages, as the runtime's buffers
+      owners[t] = alloc_big(per);  // 2 MiB pages, as the runtime's buffers
+      slices[t] = reinterpret_cast<float*>(owners[t].get());
     } catch (const std::bad_alloc&) {
       ok = false;
     }
@@ -342,7 +344,7 @@ DramRead measure_dram_read(int threads) {
     }
     d.bytes = double(per) * threads;
   }
-  for (auto s : slices) std::free(s);
+  owners.clear();
   if (!ok) throw std::bad_alloc();
   return d;
 }

@@ -12,14 +12,19 @@
 namespace g3 {
 
 // At least `bytes` bytes (and 64 more, so a vector kernel may read a whole
-// line at the last element), 64-byte aligned, not initialised; release with
-// std::free. Buffers of 2 MiB or more are aligned to 2 MiB and advised as
-// huge pages (madvise MADV_HUGEPAGE, honoured when transparent huge pages
-// are in "madvise" or "always" mode) before anything touches them, so the
-// thread that first writes a page decides where it lives.
-void* alloc_big(size_t bytes);
+// line at the last element), 64-byte aligned, not initialised, freed when
+// the last owner goes. Buffers of 2 MiB or more are fresh anonymous
+// mappings aligned to 2 MiB and advised as huge pages (madvise
+// MADV_HUGEPAGE, honoured when transparent huge pages are in "madvise" or
+// "always" mode) before anything touches them, so the thread that first
+// writes a page decides where it lives. Not malloc's memory: what malloc
+// hands out again after a free is often already faulted in on 4 KiB pages,
+// which the advice no longer changes (a 4B `g3attn run` had 0.8 of its 1.5
+// GB of weights and KV caches on huge pages that way).
+std::shared_ptr<uint8_t> alloc_big(size_t bytes);
 
-// The same, zeroed, freed when the last owner goes.
+// The same, zeroed (every page written once here, so none faults later in
+// the middle of a timed step).
 std::shared_ptr<uint8_t> alloc_big_zeroed(size_t bytes);
 
 }  // namespace g3
