@@ -35,7 +35,8 @@ TEST_CASE("generate --model 1b writes a tree that builds standalone with Highway
   auto r = g3test::run_g3attn({"generate", "--model", "1b", "--out", dir});
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
-  for (const char* f : {"CMakeLists.txt", "README.md", "kernel_contract.h", "mask_rule.h", "scratch.h", "decode_prefetch.h", "bf16-inl.h", "softmax-inl.h", "hwy_targets.h",
+  for (const char* f : {"CMakeLists.txt", "README.md", "kernel_contract.h", "mask_rule.h", "scratch.h",
+                        "decode_prefetch.h", "bf16-inl.h", "softmax-inl.h", "hwy_targets.h",
                         "attention-inl.h", "attention_key-inl.h", "attention_registry.h", "hwy_attention_registry.cc", "check.cc"})
     CHECK(g3test::file_exists(dir + "/" + f));
   CHECK(g3test::read_text(dir + "/hwy_attention_registry.cc").find("dh256_g4_local512") != std::string::npos);
