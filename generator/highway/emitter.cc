@@ -31,13 +31,6 @@ std::vector<KernelKey> attention_keys(const std::vector<ModelConfig>& models, co
   return keys;
 }
 
-const std::vector<std::string>& template_header_names() {
-  static const std::vector<std::string> v = {
-      "kernel_contract.h", "mask_rule.h", "scratch.h", "decode_prefetch.h", "bf16-inl.h", "softmax-inl.h",
-      "hwy_targets.h", "attention_registry.h", "attention-inl.h", "attention_key-inl.h"};
-  return v;
-}
-
 static std::string hexf(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", v);

@@ -47,9 +47,6 @@ SourceFile standalone_readme(const std::vector<KernelKey>& keys, const std::vect
 // tiny core call against a two-key softmax computed by hand.
 SourceFile standalone_check();
 
-// Headers the generated sources include, in the order written.
-const std::vector<std::string>& template_header_names();
-
 // Their text, embedded at build time (file name, content). Defined in
 // g3_highway only (embedded_templates.cc in the build tree).
 const std::vector<std::pair<std::string, std::string>>& embedded_templates();
