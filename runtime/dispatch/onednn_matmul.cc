@@ -14,6 +14,7 @@
 
 #include "generator/bf16.h"
 #include "generator/xbyak/amx_permission.h"
+#include "runtime/dispatch/big_buffer.h"
 
 namespace g3 {
 
@@ -224,9 +225,9 @@ OnednnMatmul::OnednnMatmul(const PackedWeights& w) : impl_(std::make_unique<Impl
   auto pd = matmul_pd(kLayoutRows, w.K, w.N, w.compute, memory::desc({w.K, w.N}, dt, Tag::any));
   I.wdesc = pd.weights_desc();
   const size_t bytes = I.wdesc.get_size();
-  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!mem) throw std::bad_alloc();
-  I.weights = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* p) { std::free(p); });
+  // A big buffer like the Highway GEMM's packed weights (big_buffer.h): the
+  // projections stream these every call, so they belong on 2 MiB pages too.
+  I.weights = alloc_big(bytes);
   memory src(memory::desc({w.K, w.N}, dt, Tag::ba), cpu_engine(), dense.data());
   memory dst(I.wdesc, cpu_engine(), I.weights.get());
   dnnl::stream& s = thread_stream();
