@@ -13,9 +13,24 @@ namespace g3::bench {
 namespace {
 
 struct Sum {
-  double rel = 0, ms = 0;  // summed over the entry's shapes, each the mean over the passes that measured it
+  double rel = 0, ms = 0;  // summed over the entry's shapes, each the median over the passes that measured it
   int n = 0;               // shapes measured
 };
+
+// The median of a pass's figures (the mean of the middle two of an even
+// count). Not the mean: on a shared machine one pass can be slowed for one
+// backend's rows alone (a neighbour's burst that overlaps them), and over
+// the default three passes the median leaves that pass out where the mean
+// carries a third of it. With the mean, a tune on an AMD EPYC Zen 5 (2
+// cores) put LLVM's 4B local decode under avx3_dl 1.16x ahead of Highway,
+// and three benches then timed Highway 1.15-1.30x faster (that tune's
+// passes were not kept, so which pass misled it is not known).
+double median(std::vector<double> v) {
+  const size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + h, v.end());
+  if (v.size() % 2) return v[h];
+  return (v[h] + *std::max_element(v.begin(), v.begin() + h)) / 2;
+}
 
 // The fastest median of each shape among one pass's rows that `use` keeps.
 template <class Use, class Shape>
@@ -35,7 +50,7 @@ std::map<std::string, double> fastest_per_shape(const std::vector<Row>& rows, Us
 // pass, each candidate's time is taken relative to the fastest row of its
 // shape in that pass: the bench times a shape's rows side by side, so a
 // busy moment of the machine slows them alike and the ratio holds where
-// the times do not. A shape's ratio is the mean over the passes that
+// the times do not. A shape's ratio is the median over the passes that
 // measured the candidate, and the ratios are summed over the shapes, so
 // every shape weighs the same whatever its length. A candidate missing a
 // shape of its entry is dropped (no fair comparison). `first` keeps, per
@@ -45,8 +60,7 @@ std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vecto
                                                                 Id id_of, Shape shape_of, Candidate candidate_of,
                                                                 std::map<std::string, const Row*>& first) {
   struct Acc {
-    double rel = 0, ms = 0;
-    int passes = 0;
+    std::vector<double> rel, ms;  // one per pass that measured the shape
   };
   std::map<std::string, std::map<std::string, std::map<std::string, Acc>>> acc;  // entry -> shape -> candidate
   for (const std::vector<Row>& rows : passes) {
@@ -54,9 +68,8 @@ std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vecto
     for (const Row& r : rows) {
       if (!use(r)) continue;
       Acc& a = acc[id_of(r)][shape_of(r)][candidate_of(r)];
-      a.rel += r.ms_median / best.at(shape_of(r));
-      a.ms += r.ms_median;
-      ++a.passes;
+      a.rel.push_back(r.ms_median / best.at(shape_of(r)));
+      a.ms.push_back(r.ms_median);
       first.emplace(id_of(r), &r);
     }
   }
@@ -66,8 +79,8 @@ std::map<std::string, std::map<std::string, Sum>> relative_sums(const std::vecto
     for (const auto& [shape, by_candidate] : shapes)
       for (const auto& [c, a] : by_candidate) {
         Sum& s = per[c];
-        s.rel += a.rel / a.passes;
-        s.ms += a.ms / a.passes;
+        s.rel += median(a.rel);
+        s.ms += median(a.ms);
         ++s.n;
       }
     std::erase_if(per, [n = int(shapes.size())](const auto& c) { return c.second.n < n; });
@@ -99,28 +112,25 @@ std::vector<ProfileEntry> entries_from_passes(const std::vector<std::vector<Row>
   auto shape_of = [&](const Row& r) { return id_of(r) + "|" + std::to_string(*r.context); };
   std::map<std::string, const Row*> first;
   const auto sums = relative_sums(passes, use, id_of, shape_of, [](const Row& r) { return r.backend; }, first);
-  // Each kept candidate's time at each context (the mean over its passes).
-  // Not on local layers: past the window their calls do the same work at
-  // every context, so a route by context would only follow the noise.
-  // On every layer, each one's time relative to the fastest of its context
-  // in each pass, for the entry's tie.
-  std::map<std::string, std::map<int64_t, std::map<std::string, std::pair<double, int>>>> at_sum;
+  // Each kept candidate's time at each context (the median over its
+  // passes). Not on local layers: past the window their calls do the same
+  // work at every context, so a route by context would only follow the
+  // noise. On every layer, each one's time relative to the fastest of its
+  // context in each pass, for the entry's tie.
+  std::map<std::string, std::map<int64_t, std::map<std::string, std::vector<double>>>> ms_passes;
   std::map<std::string, std::map<std::pair<int64_t, std::string>, std::vector<double>>> rel_at;
   for (const std::vector<Row>& rows : passes) {
     const std::map<std::string, double> fastest = fastest_per_shape(rows, use, shape_of);
     for (const Row& r : rows) {
       if (!use(r) || !sums.count(id_of(r)) || !sums.at(id_of(r)).count(r.backend)) continue;
       rel_at[id_of(r)][{*r.context, r.backend}].push_back(r.ms_median / fastest.at(shape_of(r)));
-      if (r.kind == "local") continue;
-      auto& [ms, n] = at_sum[id_of(r)][*r.context][r.backend];
-      ms += r.ms_median;
-      ++n;
+      if (r.kind != "local") ms_passes[id_of(r)][*r.context][r.backend].push_back(r.ms_median);
     }
   }
   std::map<std::string, std::map<int64_t, std::map<std::string, double>>> at;
-  for (const auto& [id, by_context] : at_sum)
+  for (const auto& [id, by_context] : ms_passes)
     for (const auto& [ctx, per] : by_context)
-      for (const auto& [backend, mn] : per) at[id][ctx][backend] = mn.first / mn.second;
+      for (const auto& [backend, ms] : per) at[id][ctx][backend] = median(ms);
   std::vector<ProfileEntry> out;
   for (const auto& [id, per] : sums) {
     const Row& r = *first.at(id);

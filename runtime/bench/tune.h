@@ -47,8 +47,8 @@ TuneResult run_tune(const TuneOptions& o);
 
 // The profile entries that passes of bench rows imply: per (key, phase,
 // ISA), the backend with the lowest sum over contexts of its time relative
-// to the fastest row of the same context in the same pass (the mean over
-// the passes that measured it); on global layers, also each backend's mean
+// to the fastest row of the same context in the same pass (the median over
+// the passes that measured it); on global layers, also each backend's median
 // time at each context (ProfileEntry::ms_at); and the entry's tie: the
 // median over its (context, backend) pairs of how far the pair's relative
 // times disagreed between passes (slowest / fastest - 1), at least

@@ -31,7 +31,8 @@ static std::vector<Option> tune_options() {
        "stop measuring after about this long; keys and ISA caps not reached keep the static rule (default 300)"},
       {"rounds", Arity::Value, "N",
        "passes over every row while the budget lasts; in each, a backend's time is taken relative to the "
-       "fastest of the same shape, timed beside it, and the ratios are averaged over the passes (default 3)"},
+       "fastest of the same shape, timed beside it, and each shape takes the median of its ratios over the "
+       "passes (default 3)"},
       {"json", Arity::OptionalValue, "FILE", "the profile's entries as JSON on stdout, or the table plus FILE"},
   };
 }

@@ -142,11 +142,11 @@ TEST_CASE("auto leaves the static rule only for a lead above the noise of tune's
   CHECK(entries[0].tie == Approx(1.2 - 1));  // llvm's spread, the larger of the two: 1.2 / 1.0 - 1
 }
 
-TEST_CASE("over several passes, backends are compared within each pass and the ratios averaged", "[tune]") {
+TEST_CASE("over several passes, backends are compared within each pass and the median ratio kept", "[tune]") {
   // Highway is 10% ahead of xbyak in two passes; in the third, a quiet
   // moment on xbyak's runs puts it 5% ahead. Each row's fastest pass taken
   // apart would make xbyak the winner (0.95 against 1.0); pass by pass,
-  // Highway is (1 + 1 + 1/0.95) / 3 = 1.018 of the fastest, xbyak 1.067.
+  // Highway's median is 1 (the fastest), xbyak's 1.1.
   auto pass = [](double hw, double xb) {
     return std::vector<g3::bench::Row>{row("highway", "decode", 4096, hw), row("xbyak", "decode", 4096, xb)};
   };
@@ -154,10 +154,10 @@ TEST_CASE("over several passes, backends are compared within each pass and the r
   auto entries = g3::bench::entries_from_passes(passes);
   REQUIRE(entries.size() == 1);
   CHECK(entries[0].best == "highway");
-  CHECK(entries[0].rel.at("highway") == Approx((2 + 1.0 / 0.95) / 3));
-  CHECK(entries[0].rel.at("xbyak") == Approx((1.1 + 1.1 + 1.0) / 3));
-  CHECK(entries[0].ms.at("xbyak") == Approx((1.1 + 2.2 + 0.95) / 3));  // mean time over the passes
-  CHECK(entries[0].ms_at.at(4096).at("highway") == Approx(4.0 / 3));
+  CHECK(entries[0].rel.at("highway") == Approx(1.0));
+  CHECK(entries[0].rel.at("xbyak") == Approx(1.1));
+  CHECK(entries[0].ms.at("xbyak") == Approx(1.1));  // the median time over the passes
+  CHECK(entries[0].ms_at.at(4096).at("highway") == Approx(1.0));
   // The tie: the median of each (context, backend)'s slowest / fastest
   // relative time over the passes, less 1: Highway 1 / 0.95 and xbyak 1.1.
   CHECK(entries[0].tie == Approx(0.1));
@@ -165,6 +165,18 @@ TEST_CASE("over several passes, backends are compared within each pass and the r
   const auto agreed = g3::bench::entries_from_passes({pass(1.0, 1.1), pass(2.0, 2.2), pass(1.0, 1.105)});
   REQUIRE(agreed.size() == 1);
   CHECK(agreed[0].tie == g3::kContextTie);
+  // One pass that slowed Highway's rows alone (1.6x) does not decide: the
+  // mean would make xbyak the winner, (1.1 + 1.1 + 1) / 3 = 1.067 against
+  // (1 + 1 + 1.6) / 3 = 1.2.
+  entries = g3::bench::entries_from_passes({pass(1.0, 1.1), pass(1.0, 1.1), pass(1.6, 1.0)});
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].best == "highway");
+  CHECK(entries[0].margin() == Approx(0.1));
+  // Two passes: the median is their mean.
+  entries = g3::bench::entries_from_passes({pass(1.0, 1.1), pass(1.0, 1.3)});
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].rel.at("xbyak") == Approx(1.2));
+  CHECK(entries[0].ms_at.at(4096).at("xbyak") == Approx(1.2));
   // A pass that did not reach a context, and one that measured only one
   // backend there: every backend keeps the passes that measured it, and
   // each context weighs the same.
