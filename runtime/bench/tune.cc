@@ -17,11 +17,11 @@ struct Sum {
   int n = 0;               // shapes measured
 };
 
-// The median of a pass's figures (the mean of the middle two of an even
-// count). Not the mean: on a shared machine one pass can be slowed for one
-// backend's rows alone (a neighbour's burst that overlaps them), and over
-// the default three passes the median leaves that pass out where the mean
-// carries a third of it. With the mean, a tune on an AMD EPYC Zen 5 (2
+// The median of one figure over the passes (the mean of the middle two of
+// an even count). Not the mean: on a shared machine one pass can be slowed
+// for one backend's rows alone (a neighbour's burst that overlaps them),
+// and over the default three passes the median leaves that pass out where
+// the mean carries a third of it. With the mean, a tune on an AMD EPYC Zen 5 (2
 // cores) put LLVM's 4B local decode under avx3_dl 1.16x ahead of Highway,
 // and three benches then timed Highway 1.15-1.30x faster (that tune's
 // passes were not kept, so which pass misled it is not known).
