@@ -26,10 +26,8 @@ using nlohmann::json;
 g3::bench::Row row(const std::string& backend, const std::string& phase, int64_t ctx, double ms) {
   g3::bench::Row r;
   r.backend = r.route = backend;
-  // From std::string, not a literal: g++ 12 warns (-Wrestrict, a false
-  // positive) on a short literal assigned to a string that may hold one.
-  r.key = std::string("k");
-  r.isa = r.isa_cap = std::string("avx3");
+  r.key = "k";
+  r.isa = r.isa_cap = "avx3";
   r.phase = phase;
   r.context = ctx;
   r.ms_median = ms;
