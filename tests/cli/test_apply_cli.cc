@@ -47,17 +47,6 @@ void expect_refusal(const ApplyArgs& args, const std::string& what) {
   CHECK(g3test::count_entries(out.path) == 0);  // no output, no temp file
 }
 
-// safetensors bytes from a header object and a data section.
-std::vector<uint8_t> safetensors_bytes(const json& header, const std::vector<uint8_t>& data) {
-  std::string h = header.dump();
-  std::vector<uint8_t> b(8);
-  uint64_t n = h.size();
-  std::memcpy(b.data(), &n, 8);
-  b.insert(b.end(), h.begin(), h.end());
-  b.insert(b.end(), data.begin(), data.end());
-  return b;
-}
-
 struct Weights {
   json header;
   std::vector<uint8_t> data;
@@ -128,7 +117,7 @@ TEST_CASE("apply: bad safetensors files", "[apply][cli][errors]") {
   auto expect_header_refused = [&](const std::function<void(json&)>& edit, const std::string& what) {
     auto w = golden_weights();
     edit(w.header);
-    g3test::write_bytes(a.weights, safetensors_bytes(w.header, w.data));
+    g3test::write_bytes(a.weights, g3test::safetensors_bytes(w.header.dump(), w.data));
     expect_refusal(a, what);
   };
   const std::string L5 = "model.layers.5.self_attn.";

@@ -63,12 +63,9 @@ void write_safetensors(const std::string& path, const std::vector<Tensor>& ts) {
   h["__metadata__"] = {{"format", "pt"}};
   std::string hs = h.dump();
   while (hs.size() % 8) hs += ' ';
-  std::vector<uint8_t> out(8);
-  uint64_t n = hs.size();
-  for (int i = 0; i < 8; ++i) out[size_t(i)] = uint8_t(n >> (8 * i));
-  out.insert(out.end(), hs.begin(), hs.end());
-  for (const auto& t : ts) out.insert(out.end(), t.bytes.begin(), t.bytes.end());
-  g3test::write_bytes(path, out);
+  std::vector<uint8_t> data;
+  for (const auto& t : ts) data.insert(data.end(), t.bytes.begin(), t.bytes.end());
+  g3test::write_bytes(path, g3test::safetensors_bytes(hs, data));
 }
 
 std::vector<Tensor> layer_tensors(const ModelConfig& cfg, int layer, uint64_t seed) {

@@ -66,6 +66,10 @@ void write_text(const std::string& path, const std::string& text);
 std::string read_text(const std::string& path);
 std::vector<uint8_t> read_bytes(const std::string& path);
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
+// The bytes of a safetensors file written by hand: the header's length (8
+// bytes, little-endian), the JSON header as given (padding is the caller's),
+// then the data section.
+std::vector<uint8_t> safetensors_bytes(const std::string& header, const std::vector<uint8_t>& data);
 bool file_exists(const std::string& path);
 // Number of entries in a directory (to check nothing was left behind).
 int count_entries(const std::string& dir);
