@@ -330,12 +330,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int phase_rank(const std::string& p) {
   const auto& v = phase_names();
   return int(std::find(v.begin(), v.end(), p) - v.begin());
@@ -849,6 +843,12 @@ Result run_bench(Options o) {
   res.notes = notes.list_;
   res.seconds = seconds_since(t_start);
   return res;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace g3::bench

@@ -137,4 +137,8 @@ struct Result {
 void validate(const Options& o);
 Result run_bench(Options o);
 
+// The median of a set of figures (the mean of the middle two of an even
+// count): a row's time over its runs, and tune's figures over its passes.
+double median(std::vector<double> v);
+
 }  // namespace g3::bench

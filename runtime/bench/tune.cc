@@ -17,21 +17,6 @@ struct Sum {
   int n = 0;               // shapes measured
 };
 
-// The median of one figure over the passes (the mean of the middle two of
-// an even count). Not the mean: on a shared machine one pass can be slowed
-// for one backend's rows alone (a neighbour's burst that overlaps them),
-// and over the default three passes the median leaves that pass out where
-// the mean carries a third of it. With the mean, a tune on an AMD EPYC Zen 5 (2
-// cores) put LLVM's 4B local decode under avx3_dl 1.16x ahead of Highway,
-// and three benches then timed Highway 1.15-1.30x faster (that tune's
-// passes were not kept, so which pass misled it is not known).
-double median(std::vector<double> v) {
-  const size_t h = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + h, v.end());
-  if (v.size() % 2) return v[h];
-  return (v[h] + *std::max_element(v.begin(), v.begin() + h)) / 2;
-}
-
 // The fastest median of each shape among one pass's rows that `use` keeps.
 template <class Use, class Shape>
 std::map<std::string, double> fastest_per_shape(const std::vector<Row>& rows, Use use, Shape shape_of) {
@@ -51,7 +36,14 @@ std::map<std::string, double> fastest_per_shape(const std::vector<Row>& rows, Us
 // shape in that pass: the bench times a shape's rows side by side, so a
 // busy moment of the machine slows them alike and the ratio holds where
 // the times do not. A shape's ratio is the median over the passes that
-// measured the candidate, and the ratios are summed over the shapes, so
+// measured the candidate (bench.h's median), not the mean: on a shared
+// machine one pass can be slowed for one backend's rows alone (a
+// neighbour's burst that overlaps them), and over the default three passes
+// the median leaves that pass out where the mean carries a third of it.
+// With the mean, a tune on an AMD EPYC Zen 5 (2 cores) put LLVM's 4B local
+// decode under avx3_dl 1.16x ahead of Highway, and three benches then timed
+// Highway 1.15-1.30x faster (that tune's passes were not kept, so which pass
+// misled it is not known). The ratios are summed over the shapes, so
 // every shape weighs the same whatever its length. A candidate missing a
 // shape of its entry is dropped (no fair comparison). `first` keeps, per
 // entry, the row its fields come from.
