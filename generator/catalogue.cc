@@ -3,12 +3,12 @@
 #include "generator/catalogue.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "generator/errors.h"
+#include "generator/text_file.h"
 
 namespace g3 {
 
@@ -303,14 +303,8 @@ ModelConfig parse_config_json(const std::string& text, const std::string& source
 }
 
 ModelConfig load_config_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(path + ": cannot open config file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw InputError(path + ": cannot read config file");
-  std::string text = ss.str();
-  if (text.size() > (64u << 20)) throw InputError(path + ": config file is larger than 64 MiB");
-  return parse_config_json(text, path);
+  // A config.json is a few kilobytes; 64 MiB leaves room for any padding.
+  return parse_config_json(read_text_file(path, size_t{64} << 20), path);
 }
 
 void validate(const ModelConfig& m, const std::string& source) {

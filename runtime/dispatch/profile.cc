@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
+#include "generator/text_file.h"
 #include "generator/llvm/jit_cache.h"
 #include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/onednn_route.h"
@@ -143,13 +144,11 @@ void save_profile(const Profile& p, const std::string& path) {
 }
 
 Profile load_profile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(path + ": cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
+  // A profile of every built-in model is tens of kilobytes.
+  const std::string text = read_text_file(path, size_t{64} << 20);
   Profile p;
   try {
-    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    const nlohmann::json j = nlohmann::json::parse(text);
     p.format = j.at("format").get<int>();
     if (p.format != Profile{}.format)
       throw InputError(path + ": profile format " + std::to_string(p.format) + " is not " +

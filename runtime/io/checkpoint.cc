@@ -1,12 +1,11 @@
 #include "runtime/io/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "generator/errors.h"
+#include "generator/text_file.h"
 
 namespace g3 {
 
@@ -26,18 +25,6 @@ std::string printable(const std::string& s) {
   }
   if (s.size() > 120) out += "...";
   return out;
-}
-
-std::string read_small_file(const fs::path& p) {
-  std::error_code ec;
-  uintmax_t size = fs::file_size(p, ec);
-  if (ec) throw InputError(p.string() + ": cannot read (" + ec.message() + ")");
-  if (size > kMaxIndexBytes) throw InputError(p.string() + ": " + std::to_string(size) + " bytes is too large for an index");
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InputError(p.string() + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // True when `inner` is `outer` or below it, comparing whole components.
@@ -119,7 +106,7 @@ Checkpoint open_checkpoint(const std::string& weights, const ModelConfig* config
   sh->index = index.string();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_small_file(index));
+    j = nlohmann::json::parse(read_text_file(index.string(), kMaxIndexBytes));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(index.string() + ": not valid JSON (" + printable(e.what()) + ")");
   }

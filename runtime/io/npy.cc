@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string_view>
 
@@ -219,34 +220,6 @@ uint32_t load_u32(const uint8_t* p) {
 
 const char* dtype_label(NpyArray::Type t) { return t == NpyArray::Type::F32 ? "float32 ('<f4')" : "int32 ('<i4')"; }
 
-// Reads a whole file into memory. The messages follow the rest of the tool:
-// "<path>: cannot open (<reason>)".
-std::vector<uint8_t> slurp(const std::string& path) {
-  const OpenFile file = open_for_reading(path);
-  const int fd = file.fd;
-  const struct stat& st = file.st;
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    fail(path, "is a directory, not a .npy file");
-  }
-  std::vector<uint8_t> out;
-  if (S_ISREG(st.st_mode) && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
-  uint8_t buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      fail(path, std::string("cannot read (") + std::strerror(e) + ")");
-    }
-    if (n == 0) break;
-    out.insert(out.end(), buf, buf + n);
-  }
-  ::close(fd);
-  return out;
-}
-
 std::string shape_to_python(const std::vector<int64_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -255,6 +228,109 @@ std::string shape_to_python(const std::vector<int64_t>& shape) {
   }
   if (shape.size() == 1) s += ",";
   return s + ")";
+}
+
+// What a .npy header says: the array's type and shape, where its data starts
+// and how many bytes that data is.
+struct Layout {
+  NpyArray::Type type = NpyArray::Type::F32;
+  std::vector<int64_t> shape;
+  size_t data_start = 0;
+  uint64_t data_bytes = 0;
+};
+
+// The layout from the first `size` bytes of a file. Bytes that cannot begin
+// a supported .npy file are refused at once; a header not complete yet is
+// refused as truncated when the bytes are the whole file (`whole`), and
+// gives nullopt otherwise (slurp, still reading).
+std::optional<Layout> read_layout(const uint8_t* data, size_t size, const std::string& name, bool whole) {
+  if (size < 6 && !whole) return std::nullopt;
+  if (size < 6 || std::memcmp(data, kMagic, 6) != 0) fail(name, "not a .npy file (bad magic)");
+  auto truncated = [&](const std::string& why) -> std::optional<Layout> {
+    if (!whole) return std::nullopt;
+    fail(name, "truncated .npy file (" + why + ")");
+  };
+  const std::string too_short = std::to_string(size) + " bytes, too short for a header";
+  if (size < 10) return truncated(too_short);
+  const uint8_t major = data[6], minor = data[7];
+  size_t header_start = 0, header_len = 0;
+  if (major == 1 && minor == 0) {
+    header_len = load_u16(data + 8);
+    header_start = 10;
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    if (size < 12) return truncated(too_short);
+    header_len = load_u32(data + 8);
+    header_start = 12;
+  } else {
+    fail(name, ".npy format version " + std::to_string(major) + "." + std::to_string(minor) + " is not supported (need 1.0, 2.0 or 3.0)");
+  }
+  if (header_len > size - header_start)
+    return truncated("header length " + std::to_string(header_len) + " but only " + std::to_string(size - header_start) + " bytes follow");
+
+  std::string_view text(reinterpret_cast<const char*>(data + header_start), header_len);
+  Header h = HeaderParser(text, name).parse();
+
+  Layout l;
+  if (h.descr == "<f4") {
+    l.type = NpyArray::Type::F32;
+  } else if (h.descr == "<i4") {
+    l.type = NpyArray::Type::I32;
+  } else {
+    fail(name, "dtype '" + show(h.descr) + "' is not supported (need little-endian float32 '<f4' or int32 '<i4')");
+  }
+  if (h.fortran_order) fail(name, "Fortran order not supported (save the array in C order, e.g. np.ascontiguousarray)");
+
+  uint64_t n = 1;
+  for (int64_t d : h.shape) {
+    uint64_t u = static_cast<uint64_t>(d);
+    if (u != 0 && n > kMaxElements / u) fail(name, "shape " + shape_to_python(h.shape) + " is absurdly large (more than 2^40 elements)");
+    n *= u;
+  }
+  if (n > kMaxElements) fail(name, "shape " + shape_to_python(h.shape) + " is absurdly large (more than 2^40 elements)");
+  l.shape = std::move(h.shape);
+  l.data_start = header_start + header_len;
+  l.data_bytes = n * 4;
+  return l;
+}
+
+// Reads a whole file into memory. Its header is checked as soon as it has
+// arrived, so bytes that are not a .npy file are refused at once; and a pipe
+// or device (no size to trust) is read no further than the header says the
+// file holds: one that never ends (/dev/zero) is refused instead of being
+// read until memory runs out. The messages follow the rest of the tool:
+// "<path>: cannot open (<reason>)".
+std::vector<uint8_t> slurp(const std::string& path) {
+  const OpenFile file = open_for_reading(path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{file.fd};
+  const bool regular = S_ISREG(file.st.st_mode);
+  if (S_ISDIR(file.st.st_mode)) fail(path, "is a directory, not a .npy file");
+  std::vector<uint8_t> out;
+  if (regular && file.st.st_size > 0) out.reserve(static_cast<size_t>(file.st.st_size));
+  bool header_seen = false;
+  uint64_t limit = UINT64_MAX;  // a pipe's or device's bytes past the header's need
+  uint8_t buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(file.fd, buf, sizeof buf);
+    if (n < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      fail(path, std::string("cannot read (") + std::strerror(e) + ")");
+    }
+    if (n == 0) break;
+    out.insert(out.end(), buf, buf + n);
+    if (!header_seen)
+      if (const std::optional<Layout> l = read_layout(out.data(), out.size(), path, /*whole=*/false)) {
+        header_seen = true;
+        if (!regular) limit = l->data_start + l->data_bytes;
+      }
+    if (out.size() > limit)
+      fail(path, "trailing data: the header and shape need " + std::to_string(limit) +
+                     " bytes but the stream goes on past them");
+  }
+  return out;
 }
 
 std::vector<uint8_t> npy_bytes(const char* descr, const void* data, const std::vector<int64_t>& shape) {
@@ -296,57 +372,20 @@ int64_t NpyArray::size() const {
 }
 
 NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& name) {
-  if (size < 6 || std::memcmp(data, kMagic, 6) != 0) fail(name, "not a .npy file (bad magic)");
-  if (size < 10) fail(name, "truncated .npy file (" + std::to_string(size) + " bytes, too short for a header)");
-  uint8_t major = data[6], minor = data[7];
-  size_t header_start = 0, header_len = 0;
-  if (major == 1 && minor == 0) {
-    header_len = load_u16(data + 8);
-    header_start = 10;
-  } else if ((major == 2 || major == 3) && minor == 0) {
-    if (size < 12) fail(name, "truncated .npy file (" + std::to_string(size) + " bytes, too short for a header)");
-    header_len = load_u32(data + 8);
-    header_start = 12;
-  } else {
-    fail(name, ".npy format version " + std::to_string(major) + "." + std::to_string(minor) + " is not supported (need 1.0, 2.0 or 3.0)");
-  }
-  if (header_len > size - header_start)
-    fail(name, "truncated .npy file (header length " + std::to_string(header_len) + " but only " + std::to_string(size - header_start) + " bytes follow)");
-
-  std::string_view text(reinterpret_cast<const char*>(data + header_start), header_len);
-  Header h = HeaderParser(text, name).parse();
+  Layout l = *read_layout(data, size, name, /*whole=*/true);
+  const uint64_t have = size - l.data_start, want = l.data_bytes, n = want / 4;
+  if (have < want) fail(name, "truncated data: shape " + shape_to_python(l.shape) + " needs " + std::to_string(want) + " bytes but the file has " + std::to_string(have));
+  if (have > want) fail(name, "trailing data: shape " + shape_to_python(l.shape) + " needs " + std::to_string(want) + " bytes but the file has " + std::to_string(have));
 
   NpyArray arr;
-  if (h.descr == "<f4") {
-    arr.type = NpyArray::Type::F32;
-  } else if (h.descr == "<i4") {
-    arr.type = NpyArray::Type::I32;
-  } else {
-    fail(name, "dtype '" + show(h.descr) + "' is not supported (need little-endian float32 '<f4' or int32 '<i4')");
-  }
-  if (h.fortran_order) fail(name, "Fortran order not supported (save the array in C order, e.g. np.ascontiguousarray)");
-
-  uint64_t n = 1;
-  for (int64_t d : h.shape) {
-    uint64_t u = static_cast<uint64_t>(d);
-    if (u != 0 && n > kMaxElements / u) fail(name, "shape " + shape_to_python(h.shape) + " is absurdly large (more than 2^40 elements)");
-    n *= u;
-  }
-  if (n > kMaxElements) fail(name, "shape " + shape_to_python(h.shape) + " is absurdly large (more than 2^40 elements)");
-
-  size_t data_start = header_start + header_len;
-  uint64_t have = size - data_start;
-  uint64_t want = n * 4;
-  if (have < want) fail(name, "truncated data: shape " + shape_to_python(h.shape) + " needs " + std::to_string(want) + " bytes but the file has " + std::to_string(have));
-  if (have > want) fail(name, "trailing data: shape " + shape_to_python(h.shape) + " needs " + std::to_string(want) + " bytes but the file has " + std::to_string(have));
-
-  arr.shape = std::move(h.shape);
+  arr.type = l.type;
+  arr.shape = std::move(l.shape);
   if (arr.type == NpyArray::Type::F32) {
     arr.f32.resize(n);
-    if (n) std::memcpy(arr.f32.data(), data + data_start, want);
+    if (n) std::memcpy(arr.f32.data(), data + l.data_start, want);
   } else {
     arr.i32.resize(n);
-    if (n) std::memcpy(arr.i32.data(), data + data_start, want);
+    if (n) std::memcpy(arr.i32.data(), data + l.data_start, want);
   }
   return arr;
 }

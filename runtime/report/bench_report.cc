@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "generator/errors.h"
+#include "generator/text_file.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/report/text_table.h"
 
@@ -174,13 +175,16 @@ std::string table_text(const Result& r) {
 }
 
 std::vector<Row> load_rows(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError("--compare " + path + ": cannot read the file");
-  std::stringstream ss;
-  ss << f.rdbuf();
+  // A default bench's JSON is about 300 KB; 256 MiB is any run's.
+  std::string text;
+  try {
+    text = read_text_file(path, size_t{256} << 20);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--compare ") + e.what());
+  }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const std::exception&) {
     throw InputError("--compare " + path + ": not valid JSON (expected the output of g3attn bench --json)");
   }

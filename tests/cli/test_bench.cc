@@ -353,6 +353,7 @@ TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
       {{"bench", "--context", "abc"}, "abc"},
       {{"bench", "--threshold", "5"}, "--compare"},
       {{"bench", "--compare", "/nonexistent/old.json"}, "/nonexistent/old.json"},
+      {{"bench", "--compare", "/"}, "--compare /: is a directory"},
       {{"bench", "--csv", "/nonexistent/dir/x.csv"}, "/nonexistent/dir"},
       {{"bench", "--threads", "0"}, "--threads"},
       {{"bench", "--compute", "f32,f16"}, "f16"},

@@ -566,6 +566,15 @@ TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static 
       CHECK(json::parse(r.out)["layers"][0]["source"] == "static rule");
     }
   }
+  SECTION("a directory where the profile goes") {
+    std::filesystem::create_directories(path);
+    const g3test::CmdResult r =
+        g3test::run_g3attn({"plan", "--model", "1b", "--isa", "scalar", "--json"}, env_for(dir));
+    REQUIRE(r.exit_code == 0);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find("is a directory") != std::string::npos);
+    CHECK(json::parse(r.out)["layers"][0]["source"] == "static rule");
+  }
 }
 
 TEST_CASE("g3attn tune measures every ISA cap by default, the best first", "[tune][cli]") {

@@ -2,11 +2,15 @@
 // legacy, v5 and multimodal forms, and every out-of-range value rejected.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "generator/catalogue.h"
 #include "generator/errors.h"
 #include "generator/kernel_key.h"
+#include "generator/text_file.h"
 #include "tests/support/test_support.h"
 
 using g3::LayerKind;
@@ -236,6 +240,43 @@ TEST_CASE("bad config values are clear errors", "[catalogue][errors]") {
   CHECK_THROWS_AS(g3::load_config_file("/nonexistent/config.json"), g3::InputError);
 }
 
+TEST_CASE("config files are read whole only when they are small", "[catalogue][errors]") {
+  g3test::TempDir t;
+  auto fails_with = [](const std::string& path, const std::string& what) {
+    try {
+      g3::load_config_file(path);
+      FAIL("accepted " << path);
+    } catch (const g3::InputError& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(path + ": " + what) == 0);
+    }
+  };
+  fails_with(t.path, "is a directory");
+  fails_with(t.file("missing.json"), "cannot open (No such file or directory)");
+  // A device that never ends is refused at the bound, not read until memory
+  // runs out.
+  if (access("/dev/zero", R_OK) == 0) fails_with("/dev/zero", "is larger than 64 MiB");
+  // A regular file over the bound is refused by its size; at the bound it is read.
+  g3test::write_text(t.file("seventeen"), std::string(17, ' '));
+  CHECK_THROWS_WITH(g3::read_text_file(t.file("seventeen"), 16), t.file("seventeen") + ": is larger than 16 bytes");
+  CHECK(g3::read_text_file(t.file("seventeen"), 17).size() == 17);
+  // A pipe has no size: it is read to its end (a shell's <(...) gives one).
+  const std::string fifo = t.file("config.fifo");
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] { g3test::write_text(fifo, legacy_1b().dump()); });  // opens when the reader does
+  g3::ModelConfig m;
+  std::string error;
+  try {
+    m = g3::load_config_file(fifo);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  writer.join();
+  REQUIRE(error.empty());
+  CHECK(m.num_layers == 26);
+  CHECK(m.hidden_size == 1152);
+}
+
 TEST_CASE("g3attn plan prints the 1B plan and its JSON", "[catalogue][cli]") {
   auto r = g3test::run_g3attn({"plan", "--model", "1b"});
   REQUIRE(r.exit_code == 0);
@@ -269,7 +310,8 @@ TEST_CASE("g3attn plan rejects bad input with one line and exit code 2", "[catal
                                                          {"plan", "--model", "1b", "--isa", "avx9"},
                                                          {"plan", "--model", "1b", "--backend", "cuda"},
                                                          {"plan", "--model", "1b", "--bogus"},
-                                                         {"plan", "--config", "/nonexistent.json"}}) {
+                                                         {"plan", "--config", "/nonexistent.json"},
+                                                         {"plan", "--config", "/"}}) {
     auto r = g3test::run_g3attn(args);
     INFO(args.back() << ": " << r.err);
     CHECK(r.exit_code == 2);
