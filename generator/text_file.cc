@@ -19,14 +19,21 @@ std::string mib(size_t bytes) {
 }  // namespace
 
 std::string read_text_file(const std::string& path, size_t max_bytes) {
+  // errno is read into `e` before any string is built around it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  if (fd < 0) {
+    const int e = errno;
+    throw InputError(path + ": cannot open (" + std::strerror(e) + ")");
+  }
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st = {};
-  if (::fstat(fd, &st) != 0) throw InputError(path + ": cannot stat (" + std::strerror(errno) + ")");
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    throw InputError(path + ": cannot stat (" + std::strerror(e) + ")");
+  }
   if (S_ISDIR(st.st_mode)) throw InputError(path + ": is a directory");
   const std::string too_large = path + ": is larger than " + mib(max_bytes);
   if (S_ISREG(st.st_mode) && uint64_t(st.st_size) > max_bytes) throw InputError(too_large);
@@ -37,8 +44,9 @@ std::string read_text_file(const std::string& path, size_t max_bytes) {
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      throw InputError(path + ": cannot read (" + std::strerror(errno) + ")");
+      const int e = errno;
+      if (e == EINTR) continue;
+      throw InputError(path + ": cannot read (" + std::strerror(e) + ")");
     }
     if (n == 0) break;
     if (text.size() + size_t(n) > max_bytes) throw InputError(too_large);

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
-#include "generator/text_file.h"
 #include "generator/llvm/jit_cache.h"
+#include "generator/text_file.h"
 #include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/onednn_route.h"
 #include "runtime/io/npy.h"

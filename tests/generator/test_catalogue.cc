@@ -2,8 +2,6 @@
 // legacy, v5 and multimodal forms, and every out-of-range value rejected.
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <sys/stat.h>
-#include <thread>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -262,17 +260,8 @@ TEST_CASE("config files are read whole only when they are small", "[catalogue][e
   CHECK(g3::read_text_file(t.file("seventeen"), 17).size() == 17);
   // A pipe has no size: it is read to its end (a shell's <(...) gives one).
   const std::string fifo = t.file("config.fifo");
-  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
-  std::thread writer([&] { g3test::write_text(fifo, legacy_1b().dump()); });  // opens when the reader does
   g3::ModelConfig m;
-  std::string error;
-  try {
-    m = g3::load_config_file(fifo);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  writer.join();
-  REQUIRE(error.empty());
+  REQUIRE(g3test::read_from_fifo(fifo, legacy_1b().dump(), 0, [&] { m = g3::load_config_file(fifo); }).empty());
   CHECK(m.num_layers == 26);
   CHECK(m.hidden_size == 1152);
 }

@@ -7,12 +7,15 @@
 #include "runtime/io/npy.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +24,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -178,6 +182,31 @@ std::vector<uint8_t> safetensors_bytes(const std::string& header, const std::vec
   std::copy(data.begin(), data.end(), b.begin() + 8 + std::ptrdiff_t(header.size()));
   return b;
 }
+std::string read_from_fifo(const std::string& path, const std::string& data, size_t extra,
+                           const std::function<void()>& read) {
+  if (mkfifo(path.c_str(), 0600) != 0 && errno != EEXIST) throw std::runtime_error("cannot make the FIFO " + path);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::thread writer([&] {
+    const int fd = ::open(path.c_str(), O_WRONLY);  // returns once the reader has opened its end
+    if (fd < 0) return;
+    ssize_t put = ::write(fd, data.data(), data.size());
+    const std::vector<char> zeros(size_t{1} << 16, 0);
+    for (size_t left = extra; put >= 0 && left > 0;) {
+      put = ::write(fd, zeros.data(), std::min(left, zeros.size()));
+      if (put > 0) left -= size_t(put);
+    }
+    ::close(fd);
+  });
+  std::string error;
+  try {
+    read();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  writer.join();
+  return error;
+}
+
 bool file_exists(const std::string& path) { return fs::exists(path); }
 int count_entries(const std::string& dir) {
   int n = 0;

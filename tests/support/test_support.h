@@ -2,6 +2,7 @@
 // command, scratch directories, the golden cases and tolerance checks.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,13 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
 // bytes, little-endian), the JSON header as given (padding is the caller's),
 // then the data section.
 std::vector<uint8_t> safetensors_bytes(const std::string& header, const std::vector<uint8_t>& data);
+// Runs read() here while a thread writes `data` into a FIFO at `path`
+// (made if missing; a shell's <(...) is one), then `extra` zero bytes, or
+// as many as go in before the reader has gone (the writes then fail with
+// EPIPE: SIGPIPE is ignored from then on). What read() threw (its what()),
+// or "" when it returned; the writer has finished either way.
+std::string read_from_fifo(const std::string& path, const std::string& data, size_t extra,
+                           const std::function<void()>& read);
 bool file_exists(const std::string& path);
 // Number of entries in a directory (to check nothing was left behind).
 int count_entries(const std::string& dir);
