@@ -40,7 +40,7 @@ int cmd_apply(int argc, char** argv, int first) {
                  "layers |qpos - kpos| < window. Positions feed only RoPE and the window, so packed\n"
                  "documents, repeated or decreasing positions and gaps all run. Rows of padding\n"
                  "(mask 0) are don't-care.\n"
-                 "Outputs are written atomically; on bad input nothing is written.\n"
+                 "Output files are written atomically (a device or FIFO in place); on bad input nothing is written.\n"
                  "NaN or Inf in the inputs propagate to the outputs; weights with NaN or Inf are refused.\n\n"
               << a.usage();
     return 0;

@@ -123,6 +123,18 @@ void check_output_path(const std::string& file, const std::string& flag) {
   std::error_code ec;
   fs::path p(file);
   if (fs::is_directory(p, ec)) throw InputError(flag + " " + file + ": is a directory");
+  // A device or FIFO (/dev/stdout) is written in place (write_file_atomic):
+  // it must be writable itself. A file is replaced through a temporary
+  // beside it (beside a symlink's target), so its directory must be.
+  const fs::file_status st = fs::status(p, ec);
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
+    if (access(file.c_str(), W_OK) != 0) throw InputError(flag + " " + file + ": is not writable");
+    return;
+  }
+  if (fs::is_symlink(fs::symlink_status(p, ec))) {
+    const fs::path real = fs::weakly_canonical(p, ec);
+    if (!ec) p = real;
+  }
   fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   if (!fs::is_directory(dir, ec)) throw InputError(flag + " " + file + ": directory " + dir.string() + " does not exist");
   if (access(dir.c_str(), W_OK) != 0) throw InputError(flag + " " + file + ": directory " + dir.string() + " is not writable");

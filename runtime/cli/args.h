@@ -46,7 +46,8 @@ std::vector<Option> common_kernel_options();
 // atomically when `--json FILE`.
 void emit_json(const Args& a, const std::string& text);
 // Checks before any work that FILE can be written: not a directory, and
-// its directory exists. Throws InputError naming the flag.
+// its directory (a symlink's target's) exists and is writable, or, for a
+// device or FIFO, FILE itself is writable. Throws InputError naming the flag.
 void check_output_path(const std::string& file, const std::string& flag);
 std::string fmt_double(double v, int precision = 6);
 

@@ -1,7 +1,10 @@
 // g3attn: the command. Thin: parses arguments and calls the library.
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <new>
+#include <string>
 
 #include "generator/errors.h"
 #include "runtime/cli/commands.h"
@@ -60,24 +63,47 @@ Environment:
 Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
 )";
 
+// What went to stdout (a table, a --json document, a help text) may not
+// have got out (a full disk, a closed pipe): then this says so on stderr and
+// gives 2 instead of the command's own exit code.
+int stdout_written(const std::string& cmd, int rc) {
+  std::cout.flush();
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout) return rc;
+  const int e = errno;
+  std::cerr << "g3attn " << cmd << ": cannot write standard output" << (e ? std::string(": ") + std::strerror(e) : "")
+            << "\n";
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace g3::cli;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     std::cout << kHelp;
-    return argc < 2 ? 2 : 0;
+    return stdout_written("--help", argc < 2 ? 2 : 0);
   }
   std::string cmd = argv[1];
   try {
-    if (cmd == "plan") return cmd_plan(argc, argv, 2);
-    if (cmd == "apply") return cmd_apply(argc, argv, 2);
-    if (cmd == "run") return cmd_run(argc, argv, 2);
-    if (cmd == "bench") return cmd_bench(argc, argv, 2);
-    if (cmd == "generate") return cmd_generate(argc, argv, 2);
-    if (cmd == "tune") return cmd_tune(argc, argv, 2);
-    std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate, tune)\n";
-    return 2;
+    int rc = 2;
+    if (cmd == "plan") {
+      rc = cmd_plan(argc, argv, 2);
+    } else if (cmd == "apply") {
+      rc = cmd_apply(argc, argv, 2);
+    } else if (cmd == "run") {
+      rc = cmd_run(argc, argv, 2);
+    } else if (cmd == "bench") {
+      rc = cmd_bench(argc, argv, 2);
+    } else if (cmd == "generate") {
+      rc = cmd_generate(argc, argv, 2);
+    } else if (cmd == "tune") {
+      rc = cmd_tune(argc, argv, 2);
+    } else {
+      std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate, tune)\n";
+      return 2;
+    }
+    return stdout_written(cmd, rc);
   } catch (const g3::InputError& e) {
     std::cerr << "g3attn " << cmd << ": " << e.what() << "\n";
     return 2;

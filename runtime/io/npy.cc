@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -411,17 +412,55 @@ std::vector<uint8_t> npy_bytes_i32(const int32_t* data, const std::vector<int64_
   return npy_bytes("<i4", data, shape);
 }
 
+namespace {
+
+// All of `bytes` to an open descriptor; errno of the failing write, or 0.
+int write_all(int fd, const std::vector<uint8_t>& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
+  // Something that is not a file and not a directory (a device, a FIFO,
+  // /dev/stdout) has nothing to replace: it is written in place. A rename
+  // would replace the node itself (`--json /dev/full`, run as root, left a
+  // regular file where the device had been).
+  struct stat st = {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw InputError("cannot write " + path + ": " + std::strerror(errno));
+    int err = write_all(fd, bytes);
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err) throw InputError("cannot write " + path + ": " + std::strerror(err));
+    return;
+  }
+  // A symlink is followed: the file it names is replaced, the link stays.
+  std::string target = path;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const std::filesystem::path real = std::filesystem::weakly_canonical(path, ec);
+    if (!ec) target = real.string();
+  }
   // The temporary lives beside the target so that rename() stays within one
   // filesystem and is atomic; the dot keeps it out of casual listings.
   std::string dir, base;
-  size_t slash = path.rfind('/');
+  size_t slash = target.rfind('/');
   if (slash == std::string::npos) {
     dir = ".";
-    base = path;
+    base = target;
   } else {
-    dir = slash == 0 ? "/" : path.substr(0, slash);
-    base = path.substr(slash + 1);
+    dir = slash == 0 ? "/" : target.substr(0, slash);
+    base = target.substr(slash + 1);
   }
   if (base.empty()) throw InputError("cannot write " + path + ": " + std::strerror(EISDIR));
 
@@ -440,22 +479,14 @@ void write_file_atomic(const std::string& path, const std::vector<uint8_t>& byte
     ::unlink(tmp.c_str());
     throw InputError("cannot write " + path + ": " + std::strerror(err));
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      give_up(errno);
-    }
-    done += static_cast<size_t>(n);
-  }
+  if (const int err = write_all(fd, bytes)) give_up(err);
   // fsync before rename: otherwise a crash could leave the new name pointing
   // at a file whose data never reached the disk.
   if (::fsync(fd) != 0) give_up(errno);
   int rc = ::close(fd);
   fd = -1;
   if (rc != 0) give_up(errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up(errno);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) give_up(errno);
   // Persisting the directory entry is best effort: some filesystems refuse
   // to fsync a directory, and the data itself is already safe.
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -29,8 +29,11 @@ NpyArray read_npy_i32(const std::string& path);
 std::vector<uint8_t> npy_bytes_f32(const float* data, const std::vector<int64_t>& shape);
 std::vector<uint8_t> npy_bytes_i32(const int32_t* data, const std::vector<int64_t>& shape);
 
-// Writes atomically: a temporary file in the same directory, fsync, rename.
-// On any failure the temporary file is removed and InputError is thrown.
+// Writes atomically: a temporary file in the same directory, fsync, rename
+// (through a symlink: beside its target, which is replaced). On any failure
+// the temporary file is removed and InputError is thrown. A path that is
+// neither a file nor a directory (a device, a FIFO, /dev/stdout) is written
+// in place: there is nothing to replace.
 void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes);
 void write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 

@@ -2,6 +2,7 @@
 // legacy, v5 and multimodal forms, and every out-of-range value rejected.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -309,4 +310,29 @@ TEST_CASE("g3attn plan rejects bad input with one line and exit code 2", "[catal
   auto r = g3test::run_g3attn({"plan", "--model", "1b"}, "G3ATTN_ISA=nope");
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("G3ATTN_ISA") != std::string::npos);
+}
+
+TEST_CASE("g3attn says when its output cannot be written", "[catalogue][cli][errors]") {
+  // /dev/full takes no byte (ENOSPC): a table to stdout, and --json to it
+  // (written in place: a device is not replaced, whoever runs the test).
+  if (access("/dev/full", W_OK) != 0) return;
+  const std::string bin = "'" + g3test::g3attn_bin() + "'";
+  for (const std::string& cmd : {bin + " plan --model 1b >/dev/full", bin + " --help >/dev/full",
+                                 bin + " plan --model 1b --json >/dev/full"}) {
+    const g3test::CmdResult r = g3test::run_shell("( " + cmd + " )");
+    INFO(cmd << " -> " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find("cannot write standard output") != std::string::npos);
+  }
+  const g3test::CmdResult j = g3test::run_g3attn({"plan", "--model", "1b", "--json", "/dev/full"});
+  CHECK(j.exit_code == 2);
+  CHECK(j.err == "g3attn plan: cannot write /dev/full: No space left on device\n");
+  struct stat st = {};
+  REQUIRE(stat("/dev/full", &st) == 0);
+  CHECK(S_ISCHR(st.st_mode));
+  // --json to a device that takes it: /dev/stdout is the document itself.
+  const g3test::CmdResult d = g3test::run_g3attn({"plan", "--model", "1b", "--json", "/dev/stdout"});
+  REQUIRE(d.exit_code == 0);
+  CHECK(json::parse(d.out)["model"]["name"] == "1b");
 }

@@ -3,11 +3,13 @@
 // the problem.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "generator/errors.h"
@@ -331,6 +333,29 @@ TEST_CASE("npy: write_file_atomic replaces the target and cleans up on failure",
   CHECK(g3test::read_bytes(p).empty());
   CHECK(g3test::count_entries(dir.path) == 1);
 
+  SECTION("a symlink is followed: its file is replaced, the link stays") {
+    const std::string link = dir.file("link.bin");
+    REQUIRE(symlink("out.bin", link.c_str()) == 0);
+    g3::write_file_atomic(link, {7, 8, 9});
+    CHECK(g3test::read_bytes(p) == std::vector<uint8_t>{7, 8, 9});
+    struct stat st = {};
+    REQUIRE(lstat(link.c_str(), &st) == 0);
+    CHECK(S_ISLNK(st.st_mode));
+    CHECK(g3test::count_entries(dir.path) == 2);
+  }
+  SECTION("a FIFO (a device, /dev/stdout) is written in place, not replaced") {
+    const std::string fifo = dir.file("out.fifo");
+    std::string got;
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    std::thread reader([&] { got = g3test::read_text(fifo); });  // opens when the writer does
+    g3::write_file_atomic(fifo, {'a', 'b', 'c'});
+    reader.join();
+    CHECK(got == "abc");
+    struct stat st = {};
+    REQUIRE(stat(fifo.c_str(), &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));
+    CHECK(g3test::count_entries(dir.path) == 2);
+  }
   SECTION("directory does not exist") {
     std::string bad = dir.file("no/such/dir/x.npy");
     CHECK_THROWS_AS(g3::write_file_atomic(bad, {1}), g3::InputError);
