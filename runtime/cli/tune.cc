@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -94,6 +95,17 @@ int cmd_tune(int argc, char** argv, int first) {
   if (a.has("json") && !json_stdout) check_output_path(a.str("json"), "--json");
   if (profile_path().empty())
     throw InputError("no cache directory for the profile: set G3ATTN_CACHE_DIR (or XDG_CACHE_HOME or HOME)");
+  // Before minutes of measurements: the profile's directory is made if
+  // missing and must be writable.
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(profile_path()).parent_path(), ec);
+    try {
+      check_output_path(profile_path(), "profile");
+    } catch (const InputError& e) {
+      throw InputError(std::string(e.what()) + " (set G3ATTN_CACHE_DIR to a writable directory)");
+    }
+  }
   o.progress = isatty(STDERR_FILENO) != 0;
 
   const bench::TuneResult r = bench::run_tune(o);

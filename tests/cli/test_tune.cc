@@ -597,3 +597,19 @@ TEST_CASE("g3attn tune measures every ISA cap by default, the best first", "[tun
     named |= n.get<std::string>().find("before ISA caps " + rest + ":") != std::string::npos;
   CHECK(named);
 }
+
+TEST_CASE("g3attn tune refuses a cache directory it cannot write before measuring", "[tune][cli][errors]") {
+  // A file where the directory should be: one line naming the profile's
+  // path and G3ATTN_CACHE_DIR, from the check made before any measurement
+  // (a failed write at the end would say "cannot write").
+  g3test::TempDir dir;
+  g3test::write_text(dir.file("cache"), "");
+  const g3test::CmdResult r = g3test::run_g3attn({"tune", "--model", "270m", "--isa", "best", "--rounds", "1"},
+                                                 "G3ATTN_CACHE_DIR='" + dir.file("cache") + "'");
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find("g3attn tune: profile " + dir.file("cache") + "/tune-") == 0);
+  CHECK(r.err.find("G3ATTN_CACHE_DIR") != std::string::npos);
+  CHECK(r.out.empty());
+}
