@@ -5,6 +5,7 @@
 #include <iostream>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "generator/errors.h"
 #include "runtime/cli/commands.h"
@@ -86,24 +87,18 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   try {
-    int rc = 2;
-    if (cmd == "plan") {
-      rc = cmd_plan(argc, argv, 2);
-    } else if (cmd == "apply") {
-      rc = cmd_apply(argc, argv, 2);
-    } else if (cmd == "run") {
-      rc = cmd_run(argc, argv, 2);
-    } else if (cmd == "bench") {
-      rc = cmd_bench(argc, argv, 2);
-    } else if (cmd == "generate") {
-      rc = cmd_generate(argc, argv, 2);
-    } else if (cmd == "tune") {
-      rc = cmd_tune(argc, argv, 2);
-    } else {
+    using Command = int (*)(int, char**, int);
+    static const std::pair<const char*, Command> kCommands[] = {
+        {"plan", cmd_plan},   {"apply", cmd_apply},       {"run", cmd_run},
+        {"bench", cmd_bench}, {"generate", cmd_generate}, {"tune", cmd_tune}};
+    Command command = nullptr;
+    for (const auto& [name, fn] : kCommands)
+      if (cmd == name) command = fn;
+    if (!command) {
       std::cerr << "g3attn: unknown command '" << cmd << "' (valid: plan, apply, run, bench, generate, tune)\n";
       return 2;
     }
-    return stdout_written(cmd, rc);
+    return stdout_written(cmd, command(argc, argv, 2));
   } catch (const g3::InputError& e) {
     std::cerr << "g3attn " << cmd << ": " << e.what() << "\n";
     return 2;
