@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <unistd.h>
 #include <iostream>
-#include <sstream>
 
 #include "generator/errors.h"
 #include "runtime/io/npy.h"
@@ -70,15 +69,20 @@ long long Args::integer(const std::string& name, long long def, long long lo, lo
   return v;
 }
 
-std::vector<std::string> Args::list(const std::string& name, const std::string& def) const {
-  std::string s = str(name, def);
+std::vector<std::string> split_list(const std::string& s, const std::string& what) {
+  if (s.empty()) throw InputError(what + ": empty list");
   std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  if (out.empty()) throw InputError("--" + name + ": empty list");
+  size_t start = 0;
+  for (size_t comma; (comma = s.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(s.substr(start, comma - start));
+  out.push_back(s.substr(start));
+  for (const std::string& item : out)
+    if (item.empty()) throw InputError(what + ": empty element in '" + s + "'");
   return out;
+}
+
+std::vector<std::string> Args::list(const std::string& name, const std::string& def) const {
+  return split_list(str(name, def), "--" + name);
 }
 
 std::string Args::usage() const {

@@ -42,6 +42,10 @@ class Args {
 // Options every kernel-running command takes.
 std::vector<Option> common_kernel_options();
 
+// The elements of a comma-separated list; InputError "<what>: empty list" or
+// "<what>: empty element in '<s>'" (a typo like `1b,,4b` is not skipped).
+std::vector<std::string> split_list(const std::string& s, const std::string& what);
+
 // Writes JSON text: to stdout when `--json` was given alone, to FILE
 // atomically when `--json FILE`.
 void emit_json(const Args& a, const std::string& text);

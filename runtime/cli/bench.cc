@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "generator/errors.h"
@@ -177,12 +176,7 @@ int cmd_bench(int argc, char** argv, int first) {
     std::string valid;
     for (const auto& n : names) valid += n + ", ";
     valid += "best, all";
-    std::vector<std::string> given;
-    std::stringstream ss(isa_flag);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) given.push_back(item);
-    if (given.empty()) throw InputError(isa_from + ": empty list");
+    std::vector<std::string> given = split_list(isa_flag, isa_from);
     for (auto& g : given) {
       if (g == "best") g = best_isa();
       if (g != "all" && isa_target_bit(g) == 0)

@@ -344,6 +344,9 @@ TEST_CASE("bench rejects bad input with exit code 2 and one line", "[bench]") {
   const std::vector<Bad> cases = {
       {{"bench", "--isa", "avx9"}, "avx9"},
       {{"bench", "--isa", "scalar,bogus"}, "bogus"},
+      {{"bench", "--isa", "scalar,,best"}, "--isa: empty element in 'scalar,,best'"},
+      {{"bench", "--model", "1b,,4b"}, "--model: empty element in '1b,,4b'"},
+      {{"bench", "--context", "4096,"}, "--context: empty element in '4096,'"},
       {{"bench", "--phase", "warmup"}, "warmup"},
       {{"bench", "--repeat", "0"}, "--repeat"},
       {{"bench", "--backend", "cuda"}, "cuda"},
