@@ -438,9 +438,8 @@ void write_file_atomic(const std::string& path, const std::vector<uint8_t>& byte
   struct stat st = {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw InputError("cannot write " + path + ": " + std::strerror(errno));
-    int err = write_all(fd, bytes);
-    if (::close(fd) != 0 && err == 0) err = errno;
+    int err = fd < 0 ? errno : write_all(fd, bytes);
+    if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
     if (err) throw InputError("cannot write " + path + ": " + std::strerror(err));
     return;
   }
