@@ -557,19 +557,26 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows) {
 // overlaps their FMA chains.
 template <size_t NR, int kKV, bool kBC, class D>
 HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_t s0, size_t nk, size_t width,
-                             size_t H, float* logits, const uint8_t* pf_k, const uint8_t* pf_v, size_t pf_keys) {
+                             size_t H, float* logits, const uint8_t* pf_k, const uint8_t* pf_v, size_t pf_keys,
+                             bool pf_l2) {
   const size_t NL = hn::Lanes(d);
   const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
   for (size_t s = 0; s < nk; ++s) {
     // One key row of K and of V, a few keys ahead (the caller's pf), per
     // key: spread out like this the prefetches never queue behind each
-    // other. Into L1 (prefetcht0): the distance is short enough that the
-    // rows are still there when the loads come (see the caller).
-    if (s < pf_keys)
-      for (size_t off = 0; off < row_bytes; off += 64) {
-        __builtin_prefetch(pf_k + s * row_bytes + off, 0, 3);
-        __builtin_prefetch(pf_v + s * row_bytes + off, 0, 3);
-      }
+    // other. Into L1 (prefetcht0) or L2 (prefetcht1), as the caller says.
+    if (s < pf_keys) {
+      if (pf_l2)
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 2);
+          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 2);
+        }
+      else
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 3);
+          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 3);
+        }
+    }
     hn::Vec<D> acc[NR][2];
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
     size_t h = 0;
@@ -661,10 +668,12 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
     g3_row_set_add(&rs, rb[r]);
   }
   memset(O, 0, NR * H * sizeof(float));
-  // How far ahead the sub-blocks below prefetch (pf keys; decode_prefetch.h
-  // says why that distance, into L1).
+  // How far ahead the sub-blocks below prefetch (pf keys), and into which
+  // level: the caller's hint, else decode_prefetch.h's default.
   const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
-  const size_t pf = g3_decode_prefetch_keys(H, esz);
+  const size_t pf = g3_decode_prefetch_keys(
+      H, esz, a->prefetch_bytes > 0 ? size_t(a->prefetch_bytes) : kDecodePrefetchBytes);
+  const bool pf_l2 = a->prefetch_level == G3_PREFETCH_L2;
   // Tiles are classified as in prefill, then streamed in sub-blocks of kDk
   // keys: a sub-block's K and V rows (2 x kDk x H elements) stay in L1
   // between the logits and P.V, so each is read from memory exactly once.
@@ -689,7 +698,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
       const size_t pf_keys = ahead < nk ? ahead : nk;
       const uint8_t* kb = pf_keys ? static_cast<const uint8_t*>(a->k) + (s0 + pf) * H * esz : nullptr;
       const uint8_t* vb = pf_keys ? static_cast<const uint8_t*>(a->v) + (s0 + pf) * H * esz : nullptr;
-      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, vb, pf_keys);
+      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, vb, pf_keys, pf_l2);
       SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       if constexpr (kBC)
         for (size_t r = 0; r < NR; ++r) bf16::RoundInPlace(dk, logits + r * kBk, kDk);

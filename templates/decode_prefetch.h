@@ -20,14 +20,23 @@
 // 0.80-0.95x. 16 KiB into L1 measured alike for f32 but less well for bf16
 // (global 0.91-0.96x), 24 keys into L2 0.94-0.99x, 96 keys into L2
 // 0.97-1.03x.
+//
+// This is the default, not a rule for every CPU: on an AMD EPYC Zen 4 (32
+// KiB L1), the same rows asked for 16 KiB ahead into L2 (prefetcht1) took
+// 0.6-0.9x the time of 8 KiB into L1 (2026-12-07, `bench --phase decode
+// --model 1b,4b --context 2048,32768 --kv-dtype f32,bf16`, 3 alternations;
+// asking for K in the logits and V in P.V, each just ahead of its own
+// loads, did not help). So g3_core_args carries the distance and level,
+// `g3attn tune` measures the candidates on the CPU at hand
+// (runtime/dispatch/prefetch_route.h), and this default serves calls that
+// pass zero. The JIT cores bake this default in.
 #pragma once
 #include <stddef.h>
 
 constexpr size_t kDecodePrefetchBytes = 8 * 1024;
 
 // The distance in keys for cache rows of head_dim elements of esz bytes
-// (K and V rows alike): kDecodePrefetchBytes over a K row plus a V row, at
-// least one key.
-constexpr size_t g3_decode_prefetch_keys(size_t head_dim, size_t esz) {
-  return kDecodePrefetchBytes / (2 * head_dim * esz) > 0 ? kDecodePrefetchBytes / (2 * head_dim * esz) : 1;
+// (K and V rows alike): `bytes` over a K row plus a V row, at least one key.
+constexpr size_t g3_decode_prefetch_keys(size_t head_dim, size_t esz, size_t bytes = kDecodePrefetchBytes) {
+  return bytes / (2 * head_dim * esz) > 0 ? bytes / (2 * head_dim * esz) : 1;
 }

@@ -117,7 +117,17 @@ typedef struct g3_core_args {
   int32_t causal;          /* G3_CAUSAL_POSITIONS or G3_CAUSAL_SLOTS (see the mask above) */
   int64_t causal_offset;   /* G3_CAUSAL_SLOTS: query t sees slots s <= t + causal_offset */
   int32_t compute;         /* G3_COMPUTE_F32 or G3_COMPUTE_BF16 */
+  /* A speed hint for decode-sized calls (a few query rows over a long
+   * cache, which run at the memory's pace): how far ahead of its loads the
+   * core asks for K and V rows (bytes of K and V together) and into which
+   * cache level (G3_PREFETCH_L1 or G3_PREFETCH_L2). Zero: the core's
+   * default (decode_prefetch.h). Which is fastest depends on the CPU, so
+   * the runtime passes what `g3attn tune` measured; a core may ignore it
+   * (the JIT cores keep the default), and it never changes an output. */
+  int32_t prefetch_bytes;
+  int32_t prefetch_level;
 } g3_core_args;
+enum { G3_PREFETCH_DEFAULT = 0, G3_PREFETCH_L1 = 1, G3_PREFETCH_L2 = 2 };
 
 /* Steps A and J: c[m][n] = sum_k a[m][k] * W[n][k] for m < M, n_begin <= n < n_end.
  * n_begin is a multiple of G3_PANEL; n_end is a multiple of G3_PANEL or N. */

@@ -7,6 +7,7 @@
 #include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/onednn_route.h"
+#include "runtime/dispatch/prefetch_route.h"
 
 namespace g3::bench {
 
@@ -173,6 +174,53 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
   return out;
 }
 
+// The decode cores' prefetch (prefetch_route.h): `d`'s decode rows (Highway,
+// the best ISA) under each candidate, the candidates one whole bench run
+// after the other and in a rotated order each round, so that a busy minute
+// of the machine does not always fall on the same one; per round, each
+// row's time relative to its fastest candidate; the candidate with the
+// lowest sum over the rows of the median ratio over the rounds wins, and
+// leaves the default only by more than kContextTie. Leaves the winner set.
+static PrefetchEntry tune_prefetch(Options d, int rounds, double budget, double& spent) {
+  const std::vector<DecodePrefetch>& cands = decode_prefetch_candidates();
+  std::map<std::string, std::map<std::string, std::vector<double>>> rel, ms;  // candidate -> row -> rounds
+  for (int round = 0; round < rounds && spent < budget; ++round) {
+    std::map<std::string, std::map<std::string, double>> got;  // row -> candidate -> ms
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const DecodePrefetch& c = cands[(i + size_t(round)) % cands.size()];
+      set_decode_prefetch(c, "tune");
+      d.budget_seconds = std::max(1.0, budget - spent);
+      const Result r = run_bench(d);
+      spent += r.seconds;
+      for (const Row& row : r.rows)
+        if (row.phase == "decode") got[row.shape_id()][c.str()] = row.ms_median;
+    }
+    for (const auto& [row, per] : got) {
+      if (per.size() != cands.size()) continue;  // the budget ran out within the round
+      double fastest = per.begin()->second;
+      for (const auto& [c, m] : per) fastest = std::min(fastest, m);
+      for (const auto& [c, m] : per) {
+        rel[c][row].push_back(m / fastest);
+        ms[c][row].push_back(m);
+      }
+    }
+  }
+  PrefetchEntry e;
+  for (const auto& [c, rows] : rel)
+    for (const auto& [row, v] : rows) {
+      e.rel[c] += median(v);
+      e.ms[c] += median(ms[c][row]);
+    }
+  e.best = DecodePrefetch{}.str();
+  if (e.rel.count(e.best)) {  // a whole round was measured
+    for (const auto& [c, r] : e.rel)
+      if (r < e.rel.at(e.best)) e.best = c;
+    if (e.gain() <= kContextTie) e.best = DecodePrefetch{}.str();
+  }
+  set_decode_prefetch(parse_decode_prefetch(e.best, "tune"), "tune");
+  return e;
+}
+
 // Notes of a later bench run that the first did not give (each once).
 static void add_new_notes(std::vector<std::string>& notes, const std::vector<std::string>& more) {
   for (const std::string& n : more)
@@ -193,6 +241,24 @@ TuneResult run_tune(const TuneOptions& t) {
   o.threads = t.threads;
   o.repeat = 0;  // the bench's default: short rows take runs until they add up to 50 ms
   o.progress = t.progress;
+  const double total = t.budget_seconds;
+  double spent = 0;
+  // The decode prefetch first, so that the backends' decode rows below run
+  // with it, within a quarter of the budget (a round takes a few seconds a
+  // model; the backends are the larger part). Loading this CPU's old
+  // profile now keeps its setting from replacing the candidates later
+  // (prefetch_route.h).
+  active_profile();
+  std::optional<PrefetchEntry> prefetch;
+  {
+    Options d = o;
+    d.backends = {"highway"};
+    d.isas = {best_isa()};
+    d.phases = {"decode"};
+    d.computes = {DType::F32};
+    PrefetchEntry e = tune_prefetch(d, t.rounds, total / 4, spent);
+    if (!e.rel.empty()) prefetch = e;
+  }
   // The cap runs use (the best ISA) is measured first, in passes of its
   // own, then the other caps: a budget that runs out leaves the lower caps,
   // not the one runs take, on the static rule.
@@ -209,8 +275,6 @@ TuneResult run_tune(const TuneOptions& t) {
     passes.push_back(b.rows);
     passes.back().insert(passes.back().end(), b.same_code.begin(), b.same_code.end());
   };
-  const double total = t.budget_seconds;
-  double spent = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g > 0 && spent >= total) {
       std::string names;
@@ -277,6 +341,8 @@ TuneResult run_tune(const TuneOptions& t) {
   if (const Profile* old = active_profile())
     for (const ProjectionEntry& e : old->projections)
       if (!r.profile.find_projection(e.phase, e.compute)) r.profile.projections.push_back(e);
+  r.profile.prefetch = prefetch;
+  if (const Profile* old = active_profile(); old && !prefetch) r.profile.prefetch = old->prefetch;
   save_profile(r.profile, r.path);
   return r;
 }

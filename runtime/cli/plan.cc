@@ -12,6 +12,7 @@
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
 #include "runtime/dispatch/onednn_route.h"
+#include "runtime/dispatch/prefetch_route.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/tp/shard_plan.h"
 
@@ -180,6 +181,7 @@ int cmd_plan(int argc, char** argv, int first) {
                            {"kv_bytes_per_rank", {{"ring", sb.kv.ring}, {"full_length", sb.kv.full_length}}}});
     if (!hint.empty()) out["hint"] = hint;
     out["proj_request"] = to_string(proj);
+    out["decode_prefetch"] = {{"setting", decode_prefetch().str()}, {"source", decode_prefetch_source()}};
     for (const auto& [k, v] : proj_choices)
       out["projections"].push_back({{"prefill", {{"provider", to_string(v.first.provider)}, {"source", v.first.source}}},
                                     {"decode", {{"provider", to_string(v.second.provider)}, {"source", v.second.source}}}});
@@ -201,6 +203,8 @@ int cmd_plan(int argc, char** argv, int first) {
     std::cout << "projections (--proj " << to_string(proj) << ", compute " << to_string(compute) << "): prefill "
               << to_string(v.first.provider) << " (" << v.first.source << "), decode " << to_string(v.second.provider)
               << " (" << v.second.source << ")\n";
+  std::cout << "decode prefetch of the Highway cores: " << decode_prefetch().str() << " (" << decode_prefetch_source()
+            << ")\n";
   auto gib = [](uint64_t b) { return fmt_double(double(b) / double(1ull << 30), 4) + " GiB"; };
   std::cout << "KV cache (" << to_string(kv) << ", " << context << " positions x " << batch << " sequence"
             << (batch == 1 ? "" : "s") << (a.has("chunk") ? ", chunk " + std::to_string(chunk) : std::string())

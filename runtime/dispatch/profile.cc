@@ -18,6 +18,7 @@
 #include "generator/text_file.h"
 #include "runtime/dispatch/backends.h"
 #include "runtime/dispatch/onednn_route.h"
+#include "runtime/dispatch/prefetch_route.h"
 #include "runtime/io/npy.h"
 
 namespace g3 {
@@ -97,6 +98,11 @@ double ProfileEntry::margin() const { return margin_of(rel, best); }
 
 double ProjectionEntry::margin() const { return margin_of(rel, best); }
 
+double PrefetchEntry::gain() const {
+  const auto b = rel.find(best), d = rel.find(DecodePrefetch{}.str());
+  return b != rel.end() && d != rel.end() && b->second > 0 && d->second > b->second ? d->second / b->second - 1 : 0;
+}
+
 const ProjectionEntry* Profile::find_projection(Phase phase, DType compute) const {
   for (const ProjectionEntry& e : projections)
     if (e.phase == phase && e.compute == compute) return &e;
@@ -139,6 +145,7 @@ void save_profile(const Profile& p, const std::string& path) {
   for (const ProjectionEntry& e : p.projections)
     j["projections"].push_back({{"phase", to_string(e.phase)}, {"compute", to_string(e.compute)}, {"best", e.best},
                                 {"ms", e.ms}, {"rel", e.rel}});
+  if (p.prefetch) j["decode_prefetch"] = {{"best", p.prefetch->best}, {"ms", p.prefetch->ms}, {"rel", p.prefetch->rel}};
   const std::string text = j.dump(1) + "\n";
   write_file_atomic(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
@@ -218,6 +225,22 @@ Profile load_profile(const std::string& path) {
         if (!pe.rel.count(pe.best)) throw InputError(path + ": a projection entry has no score for its best provider");
         p.projections.push_back(pe);
       }
+    if (j.contains("decode_prefetch")) {
+      const auto& e = j.at("decode_prefetch");
+      PrefetchEntry pe;
+      pe.best = e.at("best").get<std::string>();
+      pe.ms = e.at("ms").get<std::map<std::string, double>>();
+      pe.rel = e.at("rel").get<std::map<std::string, double>>();
+      for (const auto* m : {&pe.ms, &pe.rel})
+        for (const auto& [name, v] : *m) {
+          parse_decode_prefetch(name, path + ": decode_prefetch");
+          if (!std::isfinite(v) || v <= 0)
+            throw InputError(path + ": decode_prefetch has a time for " + name + " that is not a positive number");
+        }
+      parse_decode_prefetch(pe.best, path + ": decode_prefetch");
+      if (!pe.rel.count(pe.best)) throw InputError(path + ": decode_prefetch has no score for its best setting");
+      p.prefetch = pe;
+    }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": not a tune profile (" + std::string(e.what()) + ")");
   }
@@ -246,6 +269,12 @@ const Profile* active_profile() {
         std::snprintf(buf, sizeof buf, "profile: %.2fx the other provider", 1 + e.margin());
         set_projection_provider(e.phase, e.compute, e.best == "onednn" ? ProjProvider::Onednn : ProjProvider::Highway,
                                 buf);
+      }
+      // The measured decode prefetch replaces the cores' default (prefetch_route.h).
+      if (loaded.prefetch) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "profile: %.2fx the default", 1 + loaded.prefetch->gain());
+        set_decode_prefetch(parse_decode_prefetch(loaded.prefetch->best, path), buf);
       }
       return &loaded;
     } catch (const InputError& e) {

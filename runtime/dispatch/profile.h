@@ -13,13 +13,15 @@
 //    "entries": [{"key", "phase": "prefill"|"decode", "isa", "best",
 //                 "ms": {backend: ms, ...}, "rel": {backend: score, ...},
 //                 "ms_at": {"<context>": {backend: ms, ...}, ...},
-//                 "tie": fraction}]}
+//                 "tie": fraction}],
+//    "projections": [...], "decode_prefetch": {...}}  (both optional, below)
 // ("ms_at" and "tie" are optional; format 1 kept only each context's
 // winner, which cannot place a switch between contexts, so it counts as
 // stale.)
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,15 @@ struct ProjectionEntry {
   double margin() const;  // runner-up rel / best rel - 1 (0 with one provider)
 };
 
+// The decode cores' prefetch (prefetch_route.h) tune measured: the
+// candidates' (DecodePrefetch::str()) summed time relative to the fastest
+// of each decode row, and the one auto's calls use.
+struct PrefetchEntry {
+  std::string best;
+  std::map<std::string, double> ms, rel;
+  double gain() const;  // the default's rel / best's rel - 1 (0 when the default is best or missing)
+};
+
 struct Profile {
   int format = 2;
   std::string version, cpu;  // g3attn_version(), this_cpu().id() when written
@@ -97,6 +108,9 @@ struct Profile {
   // "ms", "rel"}]); loading the active profile hands them to
   // set_projection_provider, so --proj auto follows them.
   std::vector<ProjectionEntry> projections;
+  // Optional in the file ("decode_prefetch": {"best", "ms", "rel"});
+  // loading the active profile hands `best` to set_decode_prefetch.
+  std::optional<PrefetchEntry> prefetch;
   const ProfileEntry* find(const std::string& key, Phase phase, const std::string& isa) const;
   const ProjectionEntry* find_projection(Phase phase, DType compute) const;
 };

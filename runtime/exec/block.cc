@@ -9,6 +9,7 @@
 
 #include "generator/errors.h"
 #include "runtime/dispatch/isa.h"
+#include "runtime/dispatch/prefetch_route.h"
 
 namespace g3 {
 
@@ -303,6 +304,7 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
   const size_t esz = cache.element_size();
   const int64_t cap = cache.capacity();
   // Steps E-I: the attention core for each KV head and its G query heads.
+  const DecodePrefetch prefetch = decode_prefetch();
   auto core_args = [&](int64_t b, int64_t j, int64_t t0, int64_t t1, int64_t s0, int64_t s1, float* out,
                        int64_t out_stride, float* lse) {
     const int64_t r0 = b * T + t0;
@@ -326,6 +328,8 @@ void run_attention_core(const PreparedLayer& L, const LayerKvCache& cache, const
     ca.window = s.window;
     ca.kv_dtype = kvd;
     ca.compute = contract_compute(L.key);
+    ca.prefetch_bytes = prefetch.bytes;
+    ca.prefetch_level = prefetch.level;
     return ca;
   };
   // The slots row b's queries t0..t1-1 may see, as at most two spans of

@@ -12,9 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "generator/errors.h"
 #include "runtime/bench/tune.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/onednn_matmul.h"
+#include "runtime/dispatch/prefetch_route.h"
 #include "runtime/dispatch/profile.h"
 #include "runtime/exec/block.h"
 #include "tests/support/test_support.h"
@@ -491,6 +493,70 @@ TEST_CASE("a profile's projection entry changes what plan's --proj auto runs, an
   REQUIRE(bad.exit_code == 0);
   CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
   CHECK(json::parse(bad.out)["projections"][0]["decode"]["source"] == "default rule");
+}
+
+TEST_CASE("decode prefetch settings: the candidates' names parse back, anything else is refused", "[tune]") {
+  for (const g3::DecodePrefetch& c : g3::decode_prefetch_candidates())
+    CHECK(g3::parse_decode_prefetch(c.str(), "x") == c);
+  CHECK(g3::decode_prefetch_candidates().front() == g3::DecodePrefetch{});
+  CHECK(g3::parse_decode_prefetch("l1:64", "x").level == G3_PREFETCH_L1);
+  CHECK(g3::parse_decode_prefetch("l2:1048576", "x").bytes == 1 << 20);
+  for (const char* bad : {"", "l2", "l2:", "l3:4096", "L2:4096", "l2:63", "l2:1048577", "l2:-64", "l2:4k",
+                          "l2:99999999999", " l2:4096", "l1:4096 "}) {
+    INFO(bad);
+    CHECK_THROWS_AS(g3::parse_decode_prefetch(bad, "--x"), g3::InputError);
+  }
+}
+
+TEST_CASE("a profile's decode prefetch is what the core calls carry, and plan names it", "[tune][cli]") {
+  g3test::TempDir dir;
+  const auto plan_prefetch = [&] {
+    const g3test::CmdResult r = g3test::run_g3attn({"plan", "--model", "1b", "--backend", "highway", "--json"}, env_for(dir));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return std::make_pair(json::parse(r.out)["decode_prefetch"], r.err);
+  };
+  // No profile: the cores' default.
+  auto [none, none_err] = plan_prefetch();
+  CHECK(none["setting"] == "default");
+  CHECK(none["source"] == "default");
+  CHECK(none_err.empty());
+  g3::Profile p;
+  p.version = g3::g3attn_version();
+  p.cpu = g3::this_cpu().id();
+  p.threads = 2;
+  g3::PrefetchEntry e;
+  e.best = "l2:16384";
+  e.ms = {{"default", 13.0}, {"l2:16384", 10.0}, {"l2:32768", 10.5}};
+  e.rel = {{"default", 2.6}, {"l2:16384", 2.0}, {"l2:32768", 2.1}};
+  p.prefetch = e;
+  g3::save_profile(p, profile_in(dir));
+  const g3::Profile back = g3::load_profile(profile_in(dir));
+  REQUIRE(back.prefetch);
+  CHECK(back.prefetch->best == "l2:16384");
+  CHECK(back.prefetch->ms == e.ms);
+  CHECK(back.prefetch->gain() == Approx(0.3));
+  auto [set, set_err] = plan_prefetch();
+  CHECK(set["setting"] == "l2:16384");
+  CHECK(set["source"] == "profile: 1.30x the default");
+  CHECK(set_err.empty());
+  // A setting that is no prefetch, or a time that is no time, makes the
+  // profile corrupt: one warning, and the default.
+  std::string text = g3test::read_text(profile_in(dir));
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"best\": \"l2:16384\"", "\"best\": \"l3:16384\""},
+           {"\"l2:32768\": 10.5", "\"l2:32768\": -1"}}) {
+    std::string edited = text;
+    const size_t at = edited.find(from, edited.find("\"decode_prefetch\""));
+    REQUIRE(at != std::string::npos);
+    edited.replace(at, from.size(), to);
+    g3test::write_text(profile_in(dir), edited);
+    auto [bad, bad_err] = plan_prefetch();
+    INFO(to);
+    CHECK(bad["setting"] == "default");
+    CHECK(std::count(bad_err.begin(), bad_err.end(), '\n') == 1);
+    CHECK(bad_err.find("decode_prefetch") != std::string::npos);
+  }
 }
 
 TEST_CASE("plan --proj: the help names it with its default, and a bad value is one stderr line and exit 2", "[tune][cli]") {

@@ -570,6 +570,42 @@ void split_call_equals_whole(const std::string& backend) {
   }
 }
 
+// Body: the decode prefetch hint (g3_core_args::prefetch_bytes and
+// prefetch_level, which the runtime sets from a tune profile) is a speed
+// hint only: decode-sized calls under any level and distance, the shortest
+// and a distance past the end of the cache included, give the same bits as
+// under the default.
+void prefetch_hint_changes_no_bit(const std::string& backend) {
+  std::vector<CoreSpec> specs;
+  for (const g3::DType kv : {F32, BF16})
+    for (const int group : {1, 4})
+      specs.push_back({.head_dim = 256, .group = group, .window = group == 4 ? 0 : 100, .T = 1, .S = 333, .kv = kv,
+                       .seed = uint32_t(40 + group)});
+  specs.push_back({.head_dim = 64, .group = 2, .T = 3, .S = 200, .seed = 47});
+  std::vector<g3::KernelKey> keys;
+  for (const CoreSpec& s : specs) keys.push_back(generic_key(s));
+  for (const Route& r : kernel_routes(backend, keys))
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const g3::BackendKernels* k = route_kernels(keys[i], r);
+      if (!k) continue;
+      const CoreCall d = CoreCall::random(specs[i]);
+      const CoreCall::Outputs want = d.run(k->table.core);
+      for (const auto& [level, bytes] : std::vector<std::pair<int32_t, int32_t>>{
+               {G3_PREFETCH_L1, 64}, {G3_PREFETCH_L1, 8192}, {G3_PREFETCH_L2, 16384}, {G3_PREFETCH_L2, 1 << 20}}) {
+        CoreCall::Outputs got;
+        got.out.assign(want.out.size(), CoreCall::kGarbage);
+        got.lse.assign(want.lse.size(), CoreCall::kGarbage);
+        g3_core_args a = d.args(got.out.data(), got.lse.data());
+        a.prefetch_level = level;
+        a.prefetch_bytes = bytes;
+        k->table.core(&a);
+        INFO(r.name() << " spec " << i << " level " << level << " bytes " << bytes);
+        CHECK(std::memcmp(got.out.data(), want.out.data(), want.out.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * sizeof(float)) == 0);
+      }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // QK stage.
 //
@@ -854,6 +890,7 @@ G3_CONFORMANCE("the core equals the reference in the bf16 compute mode", "[confo
 G3_CONFORMANCE("the QK stage equals the reference", "[conformance][qk]", qk_equals_reference)
 G3_CONFORMANCE("slot causality with an offset: a call split in two equals the whole call", "[conformance][core]",
                split_call_equals_whole)
+G3_CONFORMANCE("the decode prefetch hint changes no output bit", "[conformance][core]", prefetch_hint_changes_no_bit)
 G3_CONFORMANCE("the block equals the official block for any positions", "[conformance][positions]",
                block_equals_official)
 G3_CONFORMANCE("every golden case passes through run_apply", "[conformance][golden]", golden_cases_pass)
