@@ -29,7 +29,7 @@
 // loads, did not help). So g3_core_args carries the distance and level,
 // `g3attn tune` measures the candidates on the CPU at hand
 // (runtime/dispatch/prefetch_route.h), and this default serves calls that
-// pass zero. The JIT cores bake this default in.
+// pass zero; the Highway core and the LLVM and Xbyak cores honour both.
 #pragma once
 #include <stddef.h>
 

@@ -122,8 +122,8 @@ typedef struct g3_core_args {
    * core asks for K and V rows (bytes of K and V together) and into which
    * cache level (G3_PREFETCH_L1 or G3_PREFETCH_L2). Zero: the core's
    * default (decode_prefetch.h). Which is fastest depends on the CPU, so
-   * the runtime passes what `g3attn tune` measured; a core may ignore it
-   * (the JIT cores keep the default), and it never changes an output. */
+   * the runtime passes what `g3attn tune` measured. It never changes an
+   * output. */
   int32_t prefetch_bytes;
   int32_t prefetch_level;
 } g3_core_args;

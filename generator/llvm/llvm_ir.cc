@@ -101,7 +101,7 @@ class Emitter {
 
  private:
   struct CoreState;
-  void emit_qk_tile(const CoreState& st, int R, bool prefetch);
+  void emit_qk_tile(const CoreState& st, int R, int prefetch);
   void emit_pv_tile(const CoreState& st, int R);
 
   // ---- small helpers -------------------------------------------------------
@@ -396,22 +396,23 @@ void Emitter::emit_qk() {
 //   finish:  out = O / l, lse                            (kFinishRowHelper)
 struct Emitter::CoreState {
   Value *a, *T, *q, *qs, *K, *V, *S, *kpos, *kvalid, *out, *os, *lse;
+  Value *pf_ahead, *pf_l2;  // the decode prefetch: elements ahead, and into L2 (i1) rather than L1
   Value *Oacc, *Pbuf, *Mrow, *Lrow, *Corr, *qrow, *rbounds, *rowset, *kp_t, *kv_t, *kslot;
   std::vector<Value*> accs;  // vector accumulators (promoted to registers by mem2reg)
 };
 
 // S[r][j] = sum_h q_r[h] k_{s0+j}[h] for the tile's R rows: RB rows x SB
 // keys per register block, VL-wide partial sums reduced at the end.
-// `prefetch` (decode tiles): a decode step runs at the memory's pace, so the
-// first row block also asks for the K and V rows g3_decode_prefetch_keys
-// ahead (templates/decode_prefetch.h), one line of each per line of K its
-// loads consume (the head_dim loop is unrolled to whole lines for that):
-// the Highway decode core's rule.
-void Emitter::emit_qk_tile(const CoreState& st, int R, bool prefetch) {
+// `prefetch` (decode tiles: the locality, 3 for L1 or 2 for L2; 0: none): a
+// decode step runs at the memory's pace, so the first row block also asks
+// for the K and V rows st.pf_ahead elements ahead (the call's hint, else
+// templates/decode_prefetch.h's default), one line of each per line of K
+// its loads consume (the head_dim loop is unrolled to whole lines for
+// that): the Highway decode core's rule.
+void Emitter::emit_qk_tile(const CoreState& st, int R, int prefetch) {
   const int TK = tiling_.tk, SB = std::min(tiling_.qk_keys, TK), RB = pow2_divisor(R, tiling_.qk_rows);
   const int esz = bf16_ ? 2 : 4, per_line = std::max(1, 64 / (VL * esz));
   const int unroll = prefetch && NV % per_line == 0 ? per_line : 1;
-  const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(H), size_t(esz))) * H;  // in elements
   Type* kv_elem = bf16_ ? i16 : f32;
   for_(c64(0), c64(R), RB, [&](Value* rb) {
     std::vector<Value*> qr;
@@ -427,11 +428,11 @@ void Emitter::emit_qk_tile(const CoreState& st, int R, bool prefetch) {
       for_(c64(0), c64(NV), unroll, [&](Value* c) {
         if (prefetch) {
           auto ask = [&] {
-            Value* e = b.CreateAdd(b.CreateMul(c, c64(VL)), c64(ahead));
+            Value* e = b.CreateAdd(b.CreateMul(c, c64(VL)), st.pf_ahead);
             for (int j = 0; j < SB; ++j)
               for (Value* base : {st.K, st.V})
                 b.CreateIntrinsic(Intrinsic::prefetch, {ptr},
-                                  {b.CreateGEP(kv_elem, base, b.CreateAdd(kb[j], e)), c32(0), c32(3), c32(1)});
+                                  {b.CreateGEP(kv_elem, base, b.CreateAdd(kb[j], e)), c32(0), c32(prefetch), c32(1)});
           };
           if (R > RB) if_(b.CreateICmpEQ(rb, c64(0)), ask);
           else ask();
@@ -535,6 +536,17 @@ void Emitter::emit_core() {
   st.os = field(a, offsetof(A, out_stride), i64);
   st.lse = field(a, offsetof(A, lse), ptr);
   Value *T = st.T, *S = st.S;
+  {
+    // The decode prefetch hint (kernel_contract.h): bytes of K and V ahead,
+    // else the default; in keys (at least one), then elements.
+    Value* bytes = b.CreateSExt(field(a, offsetof(A, prefetch_bytes), i32), i64);
+    bytes = b.CreateSelect(b.CreateICmpSGT(bytes, c64(0)), bytes, c64(int64_t(kDecodePrefetchBytes)));
+    const int64_t row2 = 2 * int64_t(H) * (bf16_ ? 2 : 4);
+    Value* keys = b.CreateUDiv(bytes, c64(row2));
+    keys = b.CreateSelect(b.CreateICmpSGT(keys, c64(0)), keys, c64(1));
+    st.pf_ahead = b.CreateMul(keys, c64(H));
+    st.pf_l2 = b.CreateICmpEQ(field(a, offsetof(A, prefetch_level), i32), c32(G3_PREFETCH_L2));
+  }
 
   const int G = key_.group, TK = tiling_.tk, TQmax = tiling_.tq;
   Type* vd = Type::getVoidTy(C);
@@ -595,7 +607,12 @@ void Emitter::emit_core() {
           Value* s = b.CreateAdd(s0, j);
           b.CreateStore(b.CreateSelect(b.CreateICmpSLT(s, S), s, S1), b.CreateInBoundsGEP(i64, st.kslot, j));
         });
-        emit_qk_tile(st, R, TQ == 1);
+        if (TQ == 1) {  // decode: the hint's cache level, one copy of the tile each
+          if_(st.pf_l2, [&] { emit_qk_tile(st, R, 2); });
+          if_(b.CreateNot(st.pf_l2), [&] { emit_qk_tile(st, R, 3); });
+        } else {
+          emit_qk_tile(st, R, 0);
+        }
         Value* full = b.CreateZExt(b.CreateICmpEQ(cls, c32(G3_TILE_FULL)), i32);
         b.CreateCall(softmax_fn, {st.Pbuf, c64(TK), c64(R), c64(TK), full, s0, st.kp_t, st.kv_t, st.rbounds,
                                   st.Mrow, st.Lrow, st.Corr});

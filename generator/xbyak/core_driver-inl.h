@@ -243,6 +243,11 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   int32_t* kv = sc.kv.Get(size_t(kb));
   g3_row_bounds* rb = sc.rb.Get(size_t(Rmax));
   const size_t esz = c.bf16_kv ? 2 : 4;
+  // The decode prefetch (kernel_contract.h): the call's hint, else
+  // decode_prefetch.h's default, in whole keys, as bytes past each row read.
+  const size_t pf_bytes = a->prefetch_bytes > 0 ? size_t(a->prefetch_bytes) : kDecodePrefetchBytes;
+  const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(dh), esz, pf_bytes) * size_t(dh) * esz);
+  const QkFn direct_fn = a->prefetch_level == G3_PREFETCH_L2 ? ctx->qk_direct_l2 : ctx->qk_direct;
   void* kpad = sc.kpad.Get(size_t(kb * dh));
   void* vpad = sc.vpad.Get(size_t(kb * dh));
   const FlashOps& fo = *ctx->flash;
@@ -281,15 +286,15 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
         const int64_t whole = nk / 4 * 4, rest = nk - whole;
         if (whole > 0) {
           const int64_t v_minus_k = int64_t(reinterpret_cast<uintptr_t>(a->v) - reinterpret_cast<uintptr_t>(a->k));
-          QkCall qc{qs, kblk, s, R, whole, v_minus_k};
-          ctx->qk_direct(&qc);
+          QkCall qc{qs, kblk, s, R, whole, v_minus_k, ahead};
+          direct_fn(&qc);
         }
         if (rest > 0) {
           const size_t row = size_t(dh) * esz;
           std::memcpy(kpad, kblk + size_t(whole) * row, size_t(rest) * row);
           std::memset(static_cast<char*>(kpad) + size_t(rest) * row, 0, size_t(4 - rest) * row);
-          QkCall qc{qs, kpad, s + whole, R, 4, 0};
-          ctx->qk_direct(&qc);
+          QkCall qc{qs, kpad, s + whole, R, 4, 0, ahead};
+          direct_fn(&qc);
         }
       } else {
         uint32_t* kt = keep ? kt_all + kt_block * b : kt_all;
@@ -298,7 +303,7 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
           if (keep) sc.kt_done[size_t(b)] = 1;
         }
         for (int st = 0; st < kb / c.tk && st * c.tk < nk; ++st) {
-          QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R, c.tk, 0};
+          QkCall qc{qs, kt + int64_t(st) * depth * c.tk, s + st * c.tk, R, c.tk, 0, 0};
           ctx->qk(&qc);
         }
       }

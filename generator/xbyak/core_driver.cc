@@ -17,6 +17,8 @@
 // but it must compile) rounds with the project's one scalar f32_to_bf16.
 #include "generator/bf16.h"
 #include "generator/xbyak/xbyak_core.h"
+// The decode prefetch's default distance (the tile loop passes it to qk_direct).
+#include "templates/decode_prefetch.h"
 // The per-thread buffers of the tile loop; included here, before the target
 // regions, so the buffer code is compiled for the baseline ISA only once.
 #include "templates/scratch.h"

@@ -43,7 +43,6 @@
 
 #include "generator/xbyak/jit_plumbing.h"
 #include "generator/xbyak/xbyak_core.h"
-#include "templates/decode_prefetch.h"
 
 namespace g3::xbyak {
 
@@ -160,19 +159,27 @@ struct QkJit : JitBase {
 //     vmovups zmm16,[rcx] ; ... zmm19,[rcx+0xc00]    ; 4 keys, 16 dims each
 //     vmovups zmm20,[rdx] ; vmovups zmm21,[rdx+0x400] ; q rows 0, 1, ...
 //     vfmadd231ps zmm0,zmm16,zmm20 ...               ; 4 x rows FMAs
-//     prefetcht0 [rcx+0x1000] ; prefetcht0 [rcx+r13+0x1000] ; ...  ; K and V rows 4 keys ahead
+//     prefetcht0 [rcx+r14] ; prefetcht0 [rcx+r15] ; ...  ; K and V rows QkCall::ahead bytes ahead
 // Decode runs at the memory's pace, so the kernel asks for the K and V rows
-// g3_decode_prefetch_keys ahead (templates/decode_prefetch.h), one line of
-// each per line its loads consume: the Highway decode core's rule.
+// QkCall::ahead bytes ahead (the call's hint or templates/decode_prefetch.h's
+// default, in whole keys), one line of each per line its loads consume: the
+// Highway decode core's rule. One kernel per cache level asked for:
+// prefetcht0 (L1) or prefetcht1 (L2).
 struct QkDirectJit : JitBase {
   const Reg64 reg_args = rdi, reg_q = r8, reg_k = r9, reg_s = r10, reg_rows = r11;
   const Reg64 reg_sw = rdi, reg_grp = rsi, reg_kg = rax, reg_kw = rcx, reg_qw = rdx, reg_cnt = rbx;
   const Reg64 reg_groups = r12;  // groups of kKeys keys per row block (QkCall::keys / kKeys)
   const Reg64 reg_vk = r13;      // QkCall::v_minus_k
+  const Reg64 reg_pk = r14;      // QkCall::ahead: K prefetch at [reg_kw + reg_pk]
+  const Reg64 reg_pv = r15;      // v_minus_k + ahead: V prefetch at [reg_kw + reg_pv]
   static constexpr int kKeys = 4;
   const int max_rows;
+  const bool l2;                 // prefetcht1 (into L2) instead of prefetcht0
 
-  explicit QkDirectJit(const CoreConfig& c) : JitBase(c), max_rows(c.isa == Isa::Avx512 ? 4 : 2) { generate(); }
+  QkDirectJit(const CoreConfig& c, bool into_l2)
+      : JitBase(c), max_rows(c.isa == Isa::Avx512 ? 4 : 2), l2(into_l2) {
+    generate();
+  }
 
   Xmm acc(int r, int j) const { return vec(r * kKeys + j); }
   Xmm kreg(int j) const { return vec(max_rows * kKeys + j); }
@@ -190,7 +197,11 @@ struct QkDirectJit : JitBase {
     push(reg_cnt);
     push(reg_groups);
     push(reg_vk);
+    push(reg_pk);
+    push(reg_pv);
     mov(reg_vk, ptr[reg_args + offsetof(QkCall, v_minus_k)]);
+    mov(reg_pk, ptr[reg_args + offsetof(QkCall, ahead)]);
+    lea(reg_pv, ptr[reg_vk + reg_pk]);
     mov(reg_groups, ptr[reg_args + offsetof(QkCall, keys)]);
     static_assert(kKeys == 4, "the shift divides by kKeys");
     shr(reg_groups, 2);
@@ -203,6 +214,8 @@ struct QkDirectJit : JitBase {
       add(reg_s, n * cfg.kb * 4);
     });
     L(none);
+    pop(reg_pv);
+    pop(reg_pk);
     pop(reg_vk);
     pop(reg_groups);
     pop(reg_cnt);
@@ -223,7 +236,6 @@ struct QkDirectJit : JitBase {
     // The head_dim loop, unrolled to a whole cache line of K per key where
     // the steps divide into lines, so each line is asked for once.
     const int per_line = std::max(1, 64 / kstep), unroll = steps() % per_line == 0 ? per_line : 1;
-    const int ahead = int(g3_decode_prefetch_keys(size_t(cfg.head_dim), cfg.bf16_kv ? 2 : 4)) * krow();
     mov(reg_kw, reg_kg);
     mov(reg_qw, reg_q);
     mov(reg_cnt, steps() / unroll);
@@ -231,8 +243,13 @@ struct QkDirectJit : JitBase {
     for (int u = 0; u < unroll; ++u) {
       if (u == 0)
         for (int j = 0; j < kKeys; ++j) {
-          prefetcht0(ptr[reg_kw + j * krow() + ahead]);
-          prefetcht0(ptr[reg_kw + reg_vk + j * krow() + ahead]);
+          if (l2) {
+            prefetcht1(ptr[reg_kw + reg_pk + j * krow()]);
+            prefetcht1(ptr[reg_kw + reg_pv + j * krow()]);
+          } else {
+            prefetcht0(ptr[reg_kw + reg_pk + j * krow()]);
+            prefetcht0(ptr[reg_kw + reg_pv + j * krow()]);
+          }
         }
       for (int j = 0; j < kKeys; ++j) {
         if (widen()) {
@@ -363,7 +380,7 @@ struct CoreKernels {
   CoreContext ctx;
   std::unique_ptr<QkJit> qk;
   std::unique_ptr<PvJit> pv;
-  std::unique_ptr<QkDirectJit> qk_direct;
+  std::unique_ptr<QkDirectJit> qk_direct, qk_direct_l2;
   std::unique_ptr<ContextEntry<CoreContext>> entry;
   double gen_ms = 0;
 };
@@ -378,19 +395,23 @@ std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string
   k->ctx.qk = k->qk->getCode<QkFn>();
   k->ctx.pv = k->pv->getCode<PvFn>();
   if ((cfg.bf16_dot ? cfg.head_dim % 32 : cfg.head_dim % cfg.vl) == 0) {
-    k->qk_direct = std::make_unique<QkDirectJit>(cfg);
+    k->qk_direct = std::make_unique<QkDirectJit>(cfg, false);
+    k->qk_direct_l2 = std::make_unique<QkDirectJit>(cfg, true);
     k->ctx.qk_direct = k->qk_direct->getCode<QkFn>();
+    k->ctx.qk_direct_l2 = k->qk_direct_l2->getCode<QkFn>();
   }
   k->entry = std::make_unique<ContextEntry<CoreContext>>(&k->ctx, cfg.isa == Isa::Avx512 ? &core_avx512 : &core_avx2);
   // Executable, no longer writable.
   k->qk->setProtectModeRE();
   k->pv->setProtectModeRE();
   if (k->qk_direct) k->qk_direct->setProtectModeRE();
+  if (k->qk_direct_l2) k->qk_direct_l2->setProtectModeRE();
   k->entry->setProtectModeRE();
   k->gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   dump_code(dump_name, "qk", *k->qk);
   dump_code(dump_name, "pv", *k->pv);
   if (k->qk_direct) dump_code(dump_name, "qk_direct", *k->qk_direct);
+  if (k->qk_direct_l2) dump_code(dump_name, "qk_direct_l2", *k->qk_direct_l2);
   dump_code(dump_name, "entry", *k->entry);
   return k;
 }
@@ -398,7 +419,8 @@ std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string
 g3_core_fn core_entry(const CoreKernels& k) { return k.entry->getCode<g3_core_fn>(); }
 double core_gen_ms(const CoreKernels& k) { return k.gen_ms; }
 size_t core_code_bytes(const CoreKernels& k) {
-  return k.qk->getSize() + k.pv->getSize() + k.entry->getSize() + (k.qk_direct ? k.qk_direct->getSize() : 0);
+  return k.qk->getSize() + k.pv->getSize() + k.entry->getSize() +
+         (k.qk_direct ? k.qk_direct->getSize() + k.qk_direct_l2->getSize() : 0);
 }
 
 }  // namespace g3::xbyak

@@ -68,6 +68,9 @@ struct QkCall {
   // (a->v - a->k), so it can prefetch both (templates/decode_prefetch.h);
   // 0 prefetches K alone.
   int64_t v_minus_k;
+  // Direct kernel only: how many bytes past each K (and V) row it reads it
+  // asks for (the call's prefetch hint in whole keys, kernel_contract.h).
+  int64_t ahead;
 };
 struct PvCall {
   const void* p;     // [rows][kb] f32, or [rows][kb/2] bf16 pairs of p
@@ -88,8 +91,10 @@ struct CoreContext {
   QkFn qk = nullptr;
   PvFn pv = nullptr;
   // QK for tiles of few rows (decode) on keys in cache
-  // layout (QkCall::kt = the block's first cache row, kb rows readable).
-  QkFn qk_direct = nullptr;
+  // layout (QkCall::kt = the block's first cache row, kb rows readable),
+  // prefetching into L1 (qk_direct) or L2 (qk_direct_l2), as the call's
+  // hint says.
+  QkFn qk_direct = nullptr, qk_direct_l2 = nullptr;
 };
 
 // The tile loops, one per instruction set (core_driver.cc).

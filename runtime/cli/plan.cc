@@ -203,7 +203,7 @@ int cmd_plan(int argc, char** argv, int first) {
     std::cout << "projections (--proj " << to_string(proj) << ", compute " << to_string(compute) << "): prefill "
               << to_string(v.first.provider) << " (" << v.first.source << "), decode " << to_string(v.second.provider)
               << " (" << v.second.source << ")\n";
-  std::cout << "decode prefetch of the Highway cores: " << decode_prefetch().str() << " (" << decode_prefetch_source()
+  std::cout << "decode prefetch of the cores: " << decode_prefetch().str() << " (" << decode_prefetch_source()
             << ")\n";
   auto gib = [](uint64_t b) { return fmt_double(double(b) / double(1ull << 30), 4) + " GiB"; };
   std::cout << "KV cache (" << to_string(kv) << ", " << context << " positions x " << batch << " sequence"

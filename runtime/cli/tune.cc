@@ -64,7 +64,7 @@ int cmd_tune(int argc, char** argv, int first) {
                  "that, it times Highway's decode rows under each decode prefetch (default: 8 KiB of K\n"
                  "and V ahead into L1; l2:16384 and l2:32768: 16 or 32 KiB ahead into L2) and keeps the\n"
                  "fastest if it beats the default by more than 5%: the runtime's core calls then carry\n"
-                 "it (`g3attn plan` shows it; the JIT cores keep the default). A profile is\n"
+                 "it (`g3attn plan` shows it). A profile is\n"
                  "valid for this CPU (vendor, family/model, ISA features) and this g3attn version\n"
                  "only; entries of an earlier profile of this CPU that this run does not measure are\n"
                  "kept.\n\n"

@@ -2,8 +2,9 @@
 // V rows: the hint g3_core_args::prefetch_bytes and prefetch_level carry
 // (templates/kernel_contract.h; the cores' default, and why it is only a
 // default, in templates/decode_prefetch.h). One setting per process, for
-// every core call the runtime makes: which is fastest is a property of the
-// CPU (its L1 and the misses a thread keeps in flight), not of a kernel key.
+// every core call the runtime makes (each backend's decode core honours
+// it): which is fastest is a property of the CPU (its L1 and the misses a
+// thread keeps in flight), not of a kernel key.
 // `g3attn tune` measures the candidates on the CPU at hand and its profile
 // (profile.h) sets the winner when loaded; without one, calls pass zero and
 // the cores use their default.
