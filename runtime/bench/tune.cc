@@ -1,6 +1,7 @@
 #include "runtime/bench/tune.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "generator/errors.h"
@@ -181,6 +182,8 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
 // row's time relative to its fastest candidate; the candidate with the
 // lowest sum over the rows of the median ratio over the rounds wins, and
 // leaves the default only by more than kContextTie. Leaves the winner set.
+static constexpr double kPrefetchMinBudget = 60;
+
 static PrefetchEntry tune_prefetch(Options d, int rounds, double budget, double& spent) {
   const std::vector<DecodePrefetch>& cands = decode_prefetch_candidates();
   std::map<std::string, std::map<std::string, std::vector<double>>> rel, ms;  // candidate -> row -> rounds
@@ -244,13 +247,22 @@ TuneResult run_tune(const TuneOptions& t) {
   const double total = t.budget_seconds;
   double spent = 0;
   // The decode prefetch first, so that the backends' decode rows below run
-  // with it, within a quarter of the budget (a round takes a few seconds a
-  // model; the backends are the larger part). Loading this CPU's old
+  // with it, within a quarter of the budget; a budget under a minute is
+  // spent on the backends alone (a round of the candidates takes several
+  // seconds, and the backends are the larger part). Loading this CPU's old
   // profile now keeps its setting from replacing the candidates later
   // (prefetch_route.h).
   active_profile();
   std::optional<PrefetchEntry> prefetch;
-  {
+  std::vector<std::string> prefetch_notes;
+  if (total < kPrefetchMinBudget) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "a budget under %.0f s leaves the decode prefetch unmeasured: the cores keep their default "
+                  "(or an earlier profile's setting)",
+                  kPrefetchMinBudget);
+    prefetch_notes.push_back(buf);
+  } else {
     Options d = o;
     d.backends = {"highway"};
     d.isas = {best_isa()};
@@ -297,6 +309,7 @@ TuneResult run_tune(const TuneOptions& t) {
     }
     if (g == 0) {
       r.bench = std::move(got);
+      add_new_notes(r.bench.notes, prefetch_notes);
       continue;
     }
     r.bench.rows.insert(r.bench.rows.end(), got.rows.begin(), got.rows.end());

@@ -380,7 +380,10 @@ TEST_CASE("g3attn tune writes a profile that plan and auto follow", "[tune][cli]
         p.find(l["key"].get<std::string>(), g3::Phase::Prefill, g3::best_isa());
     if (!e) continue;
     ++from_profile;
-    CHECK(l["backend"] == e->best);
+    // The winner, unless the static rule's backend (Highway, for these f32
+    // keys) came within the noise of tune's passes (profile_choice): a
+    // near-tie under a loaded test run otherwise failed this check.
+    CHECK(l["backend"] == g3::profile_choice(*e, "highway"));
     CHECK(l["source"].get<std::string>().rfind("profile: ", 0) == 0);
   }
   CHECK(from_profile > 0);
