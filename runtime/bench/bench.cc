@@ -31,6 +31,7 @@
 #include "runtime/dispatch/big_buffer.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/dispatch/kernel_registry.h"
+#include "runtime/dispatch/prefetch_route.h"
 #include "runtime/exec/block.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/exec/thread_pool.h"
@@ -687,6 +688,8 @@ Result run_bench(Options o) {
                     "untimed read of " +
                     fmt("%.0f", double(CacheEvictor::bytes()) / (1 << 20)) +
                     " MiB before each run, as a decode step finds a layer after the other layers ran");
+          notes.add("the decode cores asked for K/V rows ahead as `g3attn plan` shows: " + decode_prefetch().str() +
+                    " (" + decode_prefetch_source() + ")");
         }
         t.rate_id = rate_id;
         Row& row = t.row;

@@ -175,6 +175,9 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
   return out;
 }
 
+// Tune's budget below which it leaves the decode prefetch unmeasured.
+static constexpr double kPrefetchMinBudget = 60;
+
 // The decode cores' prefetch (prefetch_route.h): `d`'s decode rows (Highway,
 // the best ISA) under each candidate, the candidates one whole bench run
 // after the other and in a rotated order each round, so that a busy minute
@@ -182,8 +185,6 @@ std::vector<ProjectionEntry> projection_entries_from_rows(const std::vector<Row>
 // row's time relative to its fastest candidate; the candidate with the
 // lowest sum over the rows of the median ratio over the rounds wins, and
 // leaves the default only by more than kContextTie. Leaves the winner set.
-static constexpr double kPrefetchMinBudget = 60;
-
 static PrefetchEntry tune_prefetch(Options d, int rounds, double budget, double& spent) {
   const std::vector<DecodePrefetch>& cands = decode_prefetch_candidates();
   std::map<std::string, std::map<std::string, std::vector<double>>> rel, ms;  // candidate -> row -> rounds
@@ -267,6 +268,10 @@ TuneResult run_tune(const TuneOptions& t) {
     d.backends = {"highway"};
     d.isas = {best_isa()};
     d.phases = {"decode"};
+    // The longest default context only: a local layer's rows are the same
+    // at every context, and a global layer's read the most there, where the
+    // prefetch matters most; a round then takes a third of the time.
+    d.contexts = {default_decode_contexts().back()};
     d.computes = {DType::F32};
     PrefetchEntry e = tune_prefetch(d, t.rounds, total / 4, spent);
     if (!e.rel.empty()) prefetch = e;

@@ -61,14 +61,13 @@ int cmd_tune(int argc, char** argv, int first) {
                  "GEMM and on oneDNN's matmul for each compute mode, and --proj auto then runs the\n"
                  "faster per phase and compute mode instead of the default rule (a layer on oneDNN\n"
                  "keeps oneDNN's copy of its projection weights, in f32 for the f32 mode). Before all\n"
-                 "that, it times Highway's decode rows under each decode prefetch (default: 8 KiB of K\n"
-                 "and V ahead into L1; l2:16384 and l2:32768: 16 or 32 KiB ahead into L2) and keeps the\n"
-                 "fastest if it beats the default by more than 5% (within a quarter of --budget, and\n"
-                 "only with a budget of 60 s or more): the runtime's core calls then carry\n"
-                 "it (`g3attn plan` shows it). A profile is\n"
-                 "valid for this CPU (vendor, family/model, ISA features) and this g3attn version\n"
-                 "only; entries of an earlier profile of this CPU that this run does not measure are\n"
-                 "kept.\n\n"
+                 "that, it times Highway's decode rows over 32768 positions under each decode prefetch\n"
+                 "(default: 8 KiB of K and V ahead into L1; l2:16384 and l2:32768: 16 or 32 KiB ahead\n"
+                 "into L2) and keeps the fastest if it beats the default by more than 5% (within a\n"
+                 "quarter of --budget, and only with a budget of 60 s or more): every backend's decode\n"
+                 "core then follows it (`g3attn plan` shows it). A profile is valid for this CPU\n"
+                 "(vendor, family/model, ISA features) and this g3attn version only; entries of an\n"
+                 "earlier profile of this CPU that this run does not measure are kept.\n\n"
               << a.usage();
     return 0;
   }
