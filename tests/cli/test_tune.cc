@@ -38,6 +38,15 @@ g3::bench::Row row(const std::string& backend, const std::string& phase, int64_t
 
 std::string env_for(const g3test::TempDir& d) { return "G3ATTN_CACHE_DIR='" + d.path + "'"; }
 
+// An empty profile valid for this CPU and version.
+g3::Profile this_cpu_profile() {
+  g3::Profile p;
+  p.version = g3::g3attn_version();
+  p.cpu = g3::this_cpu().id();
+  p.threads = 2;
+  return p;
+}
+
 // The profile file this CPU uses under `dir` (its name hashes the CPU).
 std::string profile_in(const g3test::TempDir& d) {
   const std::string mine = g3::profile_path();
@@ -241,10 +250,7 @@ TEST_CASE("where a profile's winners differ by context, each call runs the winne
   // Decode: the reference twice as fast at context 8, Highway twice as fast
   // at 128; their time ratio crosses 1 midway in log context, at 32.
   // Prefill has one winner.
-  g3::Profile p;
-  p.version = g3::g3attn_version();
-  p.cpu = g3::this_cpu().id();
-  p.threads = 2;
+  g3::Profile p = this_cpu_profile();
   const json layers = json::parse(keys.out)["layers"];
   REQUIRE(!layers.empty());
   for (const json& l : layers) {
@@ -455,10 +461,7 @@ TEST_CASE("tune keeps, per phase and compute mode, the projection provider faste
 
 TEST_CASE("a profile's projection entry changes what plan's --proj auto runs, and names itself", "[tune][cli]") {
   g3test::TempDir dir;
-  g3::Profile p;
-  p.version = g3::g3attn_version();
-  p.cpu = g3::this_cpu().id();
-  p.threads = 2;
+  g3::Profile p = this_cpu_profile();
   g3::ProjectionEntry e;
   e.phase = g3::Phase::Decode;  // the default rule runs highway there
   e.compute = g3::DType::F32;
@@ -524,10 +527,7 @@ TEST_CASE("a profile's decode prefetch is what the core calls carry, and plan na
   CHECK(none["setting"] == "default");
   CHECK(none["source"] == "default");
   CHECK(none_err.empty());
-  g3::Profile p;
-  p.version = g3::g3attn_version();
-  p.cpu = g3::this_cpu().id();
-  p.threads = 2;
+  g3::Profile p = this_cpu_profile();
   g3::PrefetchEntry e;
   e.best = "l2:16384";
   e.ms = {{"default", 13.0}, {"l2:16384", 10.0}, {"l2:32768", 10.5}};
@@ -582,10 +582,7 @@ TEST_CASE("plan --proj: the help names it with its default, and a bad value is o
 TEST_CASE("a corrupt, foreign or stale profile gives one warning and the static rule", "[tune][cli]") {
   g3test::TempDir dir;
   const std::string path = profile_in(dir);
-  g3::Profile good;
-  good.version = g3::g3attn_version();
-  good.cpu = g3::this_cpu().id();
-  good.threads = 2;
+  g3::Profile good = this_cpu_profile();
   g3::ProfileEntry e;
   e.key = "dh256_g4_local512_b10000_s1_a0.0625_kvf32_wbf16";
   e.isa = "scalar";
