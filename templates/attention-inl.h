@@ -671,8 +671,7 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
   // How far ahead the sub-blocks below prefetch (pf keys), and into which
   // level: the caller's hint, else decode_prefetch.h's default.
   const size_t esz = kKV == G3_DTYPE_F32 ? 4 : 2;
-  const size_t pf = g3_decode_prefetch_keys(
-      H, esz, a->prefetch_bytes > 0 ? size_t(a->prefetch_bytes) : kDecodePrefetchBytes);
+  const size_t pf = g3_decode_prefetch_keys(H, esz, a->prefetch_bytes);
   const bool pf_l2 = a->prefetch_level == G3_PREFETCH_L2;
   // Tiles are classified as in prefill, then streamed in sub-blocks of kDk
   // keys: a sub-block's K and V rows (2 x kDk x H elements) stay in L1

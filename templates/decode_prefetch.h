@@ -36,7 +36,9 @@
 constexpr size_t kDecodePrefetchBytes = 8 * 1024;
 
 // The distance in keys for cache rows of head_dim elements of esz bytes
-// (K and V rows alike): `bytes` over a K row plus a V row, at least one key.
-constexpr size_t g3_decode_prefetch_keys(size_t head_dim, size_t esz, size_t bytes = kDecodePrefetchBytes) {
+// (K and V rows alike): `hint_bytes` (g3_core_args::prefetch_bytes; zero or
+// less: kDecodePrefetchBytes) over a K row plus a V row, at least one key.
+constexpr size_t g3_decode_prefetch_keys(size_t head_dim, size_t esz, long hint_bytes = 0) {
+  const size_t bytes = hint_bytes > 0 ? size_t(hint_bytes) : kDecodePrefetchBytes;
   return bytes / (2 * head_dim * esz) > 0 ? bytes / (2 * head_dim * esz) : 1;
 }

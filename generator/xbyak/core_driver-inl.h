@@ -245,8 +245,7 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   const size_t esz = c.bf16_kv ? 2 : 4;
   // The decode prefetch (kernel_contract.h): the call's hint, else
   // decode_prefetch.h's default, in whole keys, as bytes past each row read.
-  const size_t pf_bytes = a->prefetch_bytes > 0 ? size_t(a->prefetch_bytes) : kDecodePrefetchBytes;
-  const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(dh), esz, pf_bytes) * size_t(dh) * esz);
+  const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(dh), esz, a->prefetch_bytes) * size_t(dh) * esz);
   const QkFn direct_fn = a->prefetch_level == G3_PREFETCH_L2 ? ctx->qk_direct_l2 : ctx->qk_direct;
   void* kpad = sc.kpad.Get(size_t(kb * dh));
   void* vpad = sc.vpad.Get(size_t(kb * dh));
