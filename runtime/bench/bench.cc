@@ -282,7 +282,7 @@ void prepare_env(ThreadPool& pool, Env& env, const Shape& sh, const PreparedLaye
 
 // One run of a shape's row on a prepared layer: the runtime's stage calls;
 // block runs report their stages' wall times into `times` when given.
-// `neighbour`: on the neighbour's caches (L then the neighbour's layer); the
+// `neighbour`: on the neighbour's caches, L being the neighbour's layer; the
 // scratch, queries and activations are the row's own, as consecutive layers
 // of a decode step share them.
 void run_once(ThreadPool& pool, const Shape& sh, const PreparedLayer& L, Env& env,
