@@ -83,11 +83,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // core fastest from cache (on an AMD EPYC Zen 5, warm rows put xbyak 1.3x
 // ahead on 4B's bf16-KV local decode, cold ones the three cores within 1%).
 // Before each of those runs (untimed) the pool's threads read a buffer of
-// three times the last-level cache, at least 512 MiB (sysfs does not give the
-// cache size on every machine, and 512 MiB is more than any x86 part this
-// project has met has). The buffer is on 2 MiB pages like the runtime's
-// weights and caches, so the read evicts the caches without also emptying
-// the TLB, which a decode step (a few hundred huge pages) does not.
+// three times the L3 (CacheEvictor::bytes). The buffer is on 2 MiB pages
+// like the runtime's weights and caches, so the read evicts the caches
+// without also emptying the TLB, which a decode step (a few hundred huge
+// pages) does not.
 // Then, still untimed, a neighbour runs: the same call on a second layer of
 // the shape (its own weights and K/V, the row's scratch and activations),
 // as the layer before it in a decode step does. A step's kernels find their
@@ -101,7 +100,14 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // on its global ones, 0.76-1.01x on 1B's block rows and 0.90-0.99x on 4B's.
 class CacheEvictor {
  public:
-  static size_t bytes() { return std::max<size_t>(size_t{512} << 20, 3 * size_t(std::max(0LL, llc_bytes()))); }
+  // 3x the L3 where sysfs gives its size (96 MiB on an AMD EPYC Zen 4: the
+  // decode rows timed the same as after 512 MiB, within the machine's
+  // noise, in half the bench's time), else 512 MiB, more than any x86
+  // part this project has met has.
+  static size_t bytes() {
+    const long long l3 = l3_bytes();
+    return l3 > 0 ? std::max<size_t>(size_t{64} << 20, 3 * size_t(l3)) : size_t{512} << 20;
+  }
   // The buffer is written (its pages faulted in) once, outside any timing.
   void reserve() {
     if (!buf_) buf_ = alloc_big_zeroed(bytes());

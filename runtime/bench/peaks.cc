@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <new>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -269,18 +270,30 @@ double loop_gflops(int threads, float (*loop)(int64_t), double flops_per_iter) {
 
 }  // namespace
 
+// cpu0's cache `index` from sysfs: its level and size in bytes (0 when absent).
+static std::pair<int, long long> sysfs_cache(int index) {
+  const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+  std::ifstream fs(dir + "size"), fl(dir + "level");
+  std::string s;
+  int level = 0;
+  if (!(fs >> s) || s.empty() || !(fl >> level)) return {0, 0};
+  long long v = std::atoll(s.c_str());
+  const char unit = s.back();
+  if (unit == 'K') v *= 1024;
+  if (unit == 'M') v *= 1024 * 1024;
+  return {level, std::max(0LL, v)};
+}
+
 long long llc_bytes() {
   // index3 is the L3 on x86 Linux; fall back to the highest index present.
-  for (int idx = 4; idx >= 2; --idx) {
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/size");
-    std::string s;
-    if (!(f >> s) || s.empty()) continue;
-    long long v = std::atoll(s.c_str());
-    char unit = s.back();
-    if (unit == 'K') v *= 1024;
-    if (unit == 'M') v *= 1024 * 1024;
-    if (v > 0) return v;
-  }
+  for (int idx = 4; idx >= 2; --idx)
+    if (const long long v = sysfs_cache(idx).second; v > 0) return v;
+  return 0;
+}
+
+long long l3_bytes() {
+  for (int idx = 2; idx <= 4; ++idx)
+    if (const auto [level, v] = sysfs_cache(idx); level == 3 && v > 0) return v;
   return 0;
 }
 

@@ -36,5 +36,7 @@ DramRead measure_dram_read(int threads);
 // Last-level cache size in bytes from sysfs (0 when unknown): decode rows
 // whose K/V fit in it can read faster than DRAM.
 long long llc_bytes();
+// The L3's size in bytes from sysfs (0 when it reports no level-3 cache).
+long long l3_bytes();
 
 }  // namespace g3::bench
