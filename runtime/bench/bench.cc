@@ -100,10 +100,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // on its global ones, 0.76-1.01x on 1B's block rows and 0.90-0.99x on 4B's.
 class CacheEvictor {
  public:
-  // 3x the L3 where sysfs gives its size (96 MiB on an AMD EPYC Zen 4: the
-  // decode rows timed the same as after 512 MiB, within the machine's
-  // noise, in half the bench's time), else 512 MiB, more than any x86
-  // part this project has met has.
+  // 3x the L3 where sysfs gives its size (96 MiB on an AMD EPYC Zen 4,
+  // where 1B's and 4B's decode and 1-token block rows timed the same as
+  // after 512 MiB, within the machine's noise, in 0.55-0.6x the time),
+  // else 512 MiB, more than any x86 part this project has met has.
   static size_t bytes() {
     const long long l3 = l3_bytes();
     return l3 > 0 ? std::max<size_t>(size_t{64} << 20, 3 * size_t(l3)) : size_t{512} << 20;

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <functional>
 #include <new>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "generator/xbyak/amx_permission.h"
