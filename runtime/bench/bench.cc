@@ -171,6 +171,9 @@ struct Shape {
   int64_t B = 1, T = 1, C = 0;  // C = 0: no keys (projections)
   double core_flops = 0, proj_flops = 0, kv_bytes = 0;
   bool decode_like() const { return phase == "decode"; }
+  // The phase the runtime routes a call of T tokens to (block.h); the
+  // decode-sized shapes are the ones timed cold, with a neighbour.
+  Phase call_phase() const { return T <= BlockSplit{}.decode_max_tokens ? Phase::Decode : Phase::Prefill; }
 };
 
 // SPEC 1.4 with contiguous positions: the query at position p sees keys
@@ -280,7 +283,7 @@ void prepare_env(ThreadPool& pool, Env& env, const Shape& sh, const PreparedLaye
   fill_random(pool, env.x.data(), R * D, DType::F32, 1.f, 5);
   if (C == 0) return;  // projections: no keys
   make_caches(pool, sh, chunk, env.history, env.cache);
-  if (T <= BlockSplit{}.decode_max_tokens) make_caches(pool, sh, chunk, env.nb_history, env.nb_cache);
+  if (sh.call_phase() == Phase::Decode) make_caches(pool, sh, chunk, env.nb_history, env.nb_cache);
   env.qpos.resize(size_t(R));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) env.qpos[size_t(b * T + t)] = int32_t(C - T + t);
@@ -648,7 +651,7 @@ Result run_bench(Options o) {
       for (const auto& isa : isas)
         for (const std::string& proj : projs_for(o, sh, backend)) {
         ++attempt;
-        const Phase phase = sh.T <= BlockSplit{}.decode_max_tokens ? Phase::Decode : Phase::Prefill;
+        const Phase phase = sh.call_phase();
         Combo& c = combo_for(key, backend, isa, phase, sh.C);
         if (!c.ok) continue;
         // oneDNN picks its own ISA at run time (it does not honour --isa):
