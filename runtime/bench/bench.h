@@ -39,9 +39,10 @@ inline constexpr int kDefaultColdRepeat = 11;
 // always for the reference backend, and for every backend when the contexts
 // are the defaults (so the default run stays short).
 inline constexpr double kRunBudgetSeconds = 1.5;
-// With the default contexts and --repeat, rows take no further runs (each
-// keeps the ones it has, at least one) after this many seconds, so a loaded
-// machine still finishes the default run in about two minutes.
+// With the default contexts and --repeat, and no budget_seconds, rows take
+// no further runs (each keeps the ones it has, at least one) after this many
+// seconds, so a loaded machine still finishes the default run in about two
+// minutes.
 inline constexpr double kDefaultRunSeconds = 80;
 const std::vector<int64_t>& default_prefill_contexts();  // prefill and block
 const std::vector<int64_t>& default_decode_contexts();   // decode and 1-token block
@@ -67,9 +68,10 @@ struct Options {
   bool progress = false;          // one line per row on stderr while running
   double budget_seconds = 0;      // > 0: rows that would start after this many seconds are skipped (noted)
   // The default run's limits (a row predicted over kRunBudgetSeconds is
-  // skipped, rows stop taking runs after kDefaultRunSeconds) apply when
-  // contexts is empty, and always to the reference. A caller that must
-  // measure every candidate within its own budget (tune) turns them off.
+  // skipped, rows stop taking runs after kDefaultRunSeconds unless
+  // budget_seconds is set) apply when contexts is empty, and always to the
+  // reference. A caller that must measure every candidate within its own
+  // budget (tune's projections) turns them off.
   bool default_run_limits = true;
 };
 
