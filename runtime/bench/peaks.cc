@@ -323,42 +323,37 @@ Peaks measure_peaks(int threads) {
   return p;
 }
 
-DramRead measure_dram_read(int threads) {
+DramProbe::DramProbe(int threads) {
   // At least 1 GiB and four times the last-level cache (480 MiB on some
-  // Xeons), one slice per thread, each slice first touched by the thread
-  // that reads it so its pages are local.
+  // Xeons), one array per thread, each first touched by the thread that
+  // reads it so its pages are local.
+  threads = std::max(1, threads);
   const size_t total = std::max<size_t>(size_t{1} << 30, 4 * size_t(std::max(0LL, llc_bytes())));
-  const size_t per = total / size_t(threads) / 4096 * 4096;
-  const size_t n = per / sizeof(float);
-  std::vector<std::shared_ptr<uint8_t>> owners(static_cast<size_t>(threads));
-  std::vector<float*> slices(static_cast<size_t>(threads), nullptr);
-  bool ok = true;
-  for (size_t t = 0; t < slices.size(); ++t) {
-    try {
-      owners[t] = alloc_big(per);  // 2 MiB pages, as the runtime's buffers
-      slices[t] = reinterpret_cast<float*>(owners[t].get());
-    } catch (const std::bad_alloc&) {
-      ok = false;
-    }
-  }
+  per_ = total / size_t(threads) / 4096 * 4096;
+  for (int t = 0; t < threads; ++t) slices_.push_back(alloc_big(per_));  // 2 MiB pages, as the runtime's buffers
+  const size_t n = per_ / sizeof(float);
+  run_threads(threads, [&](int t) {
+    float* s = reinterpret_cast<float*>(slices_[size_t(t)].get());
+    for (size_t i = 0; i < n; ++i) s[i] = 1.0f;
+  });
+  pass_gbs();  // untimed in effect: it warms the TLB
+}
+
+double DramProbe::pass_gbs() {
+  const size_t n = per_ / sizeof(float);
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  const double sec = run_threads(int(slices_.size()), [&](int t) {
+    const float* s = reinterpret_cast<const float*>(slices_[size_t(t)].get());
+    g_sink.store(avx2 ? sum_avx2(s, n) : sum_sse2(s, n));
+  });
+  return bytes() / sec / 1e9;
+}
+
+DramRead measure_dram_read(int threads) {
+  DramProbe probe(threads);
   DramRead d;
-  if (ok && n >= 64) {
-    run_threads(threads, [&](int t) {
-      float* s = slices[static_cast<size_t>(t)];
-      for (size_t i = 0; i < n; ++i) s[i] = 1.0f;
-    });
-    const bool avx2 = __builtin_cpu_supports("avx2");
-    for (int trial = 0; trial < 4; ++trial) {
-      double sec = run_threads(threads, [&](int t) {
-        const float* s = slices[static_cast<size_t>(t)];
-        g_sink.store(avx2 ? sum_avx2(s, n) : sum_sse2(s, n));
-      });
-      if (trial > 0) d.gbs = std::max(d.gbs, double(per) * threads / sec / 1e9);  // trial 0 warms the TLB
-    }
-    d.bytes = double(per) * threads;
-  }
-  owners.clear();
-  if (!ok) throw std::bad_alloc();
+  for (int trial = 0; trial < 3; ++trial) d.gbs = std::max(d.gbs, probe.pass_gbs());
+  d.bytes = probe.bytes();
   return d;
 }
 

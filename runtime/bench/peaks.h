@@ -2,8 +2,12 @@
 // row can be read as a fraction of what the hardware did a moment earlier
 // (the machine is shared, so a peak from a datasheet or an old run would lie).
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace g3::bench {
 
@@ -32,6 +36,23 @@ struct DramRead {
   double bytes = 0;  // total size of the arrays read
 };
 DramRead measure_dram_read(int threads);
+
+// The arrays measure_dram_read reads, kept for repeated passes: `g3attn run`
+// reads them between decode steps, because on a shared machine the DRAM
+// rate can double or halve from one second to the next (a 2-thread read
+// loop on an AMD EPYC Zen 4 VM went between 30 and 69 GB/s in runs of 0.02
+// to 27 s). Construction allocates and first-touches them and makes one
+// untimed pass (the TLB); throws std::bad_alloc when they do not fit.
+class DramProbe {
+ public:
+  explicit DramProbe(int threads);
+  double pass_gbs();  // one timed pass over every array, in GB/s
+  double bytes() const { return double(per_) * double(slices_.size()); }
+
+ private:
+  size_t per_ = 0;                              // bytes per thread's array
+  std::vector<std::shared_ptr<uint8_t>> slices_;  // one per thread
+};
 
 // Last-level cache size in bytes from sysfs (0 when unknown): decode rows
 // whose K/V fit in it can read faster than DRAM.

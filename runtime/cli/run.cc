@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <memory>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "generator/errors.h"
@@ -15,6 +17,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/cli/run_report.h"
 #include "runtime/exec/run.h"
+#include "runtime/exec/run_driver.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/cli/run_tp.h"
@@ -53,6 +56,64 @@ static std::vector<Option> run_options() {
   return o;
 }
 
+// The DRAM read rate around the decode steps, for the decode floor: one
+// pass of a bench::DramProbe before the first step, after the last, and
+// after any step that ends kProbeEveryMs of decode since the last pass (a
+// pass takes 15-35 ms at 30-70 GB/s, and is not part of the decode's time).
+// Each stretch of steps between two passes is set against the mean of
+// their rates, so a run whose machine changed pace midway is measured
+// against the pace it met. A single rate taken after the run missed that:
+// on an AMD EPYC Zen 4 VM, whose rate doubles or halves from one second to
+// the next, 4B over 8192 positions measured 66.6 GB/s after a decode that
+// had run at the slower rate, and reported 1.86x its floor.
+class DramAroundDecode {
+ public:
+  static constexpr double kProbeEveryMs = 250;
+
+  DramAroundDecode(int threads, int64_t steps) : threads_(threads), steps_(steps) {}
+
+  // RunRequest::decode_pause.
+  void pause(int64_t done) {
+    const double now = run_clock_ms();
+    if (done > 0) since_ms_ += now - last_ms_;
+    if (done == 0 || done == steps_ || since_ms_ >= kProbeEveryMs) {
+      if (!probe_) probe_ = std::make_unique<bench::DramProbe>(threads_);
+      passes_.push_back({done, probe_->pass_gbs()});
+      since_ms_ = 0;
+    }
+    last_ms_ = run_clock_ms();
+  }
+
+  // The floor's time for all steps at `bytes` a step, in ms (0 without two passes).
+  double floor_ms(double bytes) const {
+    double ms = 0;
+    for (size_t i = 1; i < passes_.size(); ++i) {
+      const double gbs = (passes_[i - 1].gbs + passes_[i].gbs) / 2;
+      ms += double(passes_[i].done - passes_[i - 1].done) * bytes / (gbs * 1e9) * 1e3;
+    }
+    return ms;
+  }
+
+  struct Pass {
+    int64_t done = 0;  // decode steps before it
+    double gbs = 0;
+  };
+  const std::vector<Pass>& passes() const { return passes_; }
+
+ private:
+  int threads_;
+  int64_t steps_;
+  std::unique_ptr<bench::DramProbe> probe_;
+  std::vector<Pass> passes_;
+  double since_ms_ = 0, last_ms_ = 0;
+};
+
+static nlohmann::json passes_json(const std::vector<DramAroundDecode::Pass>& passes) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& p : passes) j.push_back({{"after_steps", p.done}, {"gbs", p.gbs}});
+  return j;
+}
+
 static std::string gib(uint64_t bytes) {
   char buf[64];
   if (bytes >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
@@ -72,10 +133,13 @@ int cmd_run(int argc, char** argv, int first) {
                  "chunks, then decode steps, the hidden state flowing from layer to layer. Each layer is\n"
                  "routed to its kernel by the 5:1 local/global pattern; layers with equal keys share one.\n"
                  "Local layers keep a ring of W + chunk - 1 KV slots, global layers the full length.\n"
-                 "After a run with decode steps it measures the DRAM read rate (about half a second)\n"
-                 "and prints the decode floor: the bytes one step must read (every layer's projection\n"
-                 "weights, each sequence's visible K/V rows at the mean decode context) at that rate,\n"
-                 "and the run's ms/token step as a multiple of it (\"decode_floor\" in --json); and\n"
+                 "Around the decode steps it reads 1 GiB (at least 4x the last-level cache) to measure\n"
+                 "the DRAM read rate: before the first step, after the last and after every 250 ms of\n"
+                 "decode, outside the decode's timing. It prints the decode floor: the bytes one step\n"
+                 "must read (every layer's projection weights, each sequence's visible K/V rows at the\n"
+                 "mean decode context) at those rates, each stretch of steps at the mean of the two\n"
+                 "passes around it, and the run's ms/token step as a multiple of it (\"decode_floor\"\n"
+                 "in --json, with each pass in \"dram_passes\"); and\n"
                  "each layer kind's mean decode ms per layer and step, the figure `g3attn bench\n"
                  "--phase block --new-tokens 1` times for one layer (\"decode_ms_per_layer\").\n"
                  "With no arguments: --model 1b --prompt 2048 --decode 32 --chunk 512.\n\n"
@@ -130,18 +194,23 @@ int cmd_run(int argc, char** argv, int first) {
   std::cerr << "g3attn run: model " << r.config.name << ", attention stack only (the MLPs are not part of it), "
             << r.batch << " x (" << r.prompt << " prompt + " << r.decode << " decode) tokens\n";
   const ApiHandle<g3attn_model> model = api_model(a);
+  DramAroundDecode dram(r.threads > 0 ? r.threads : ThreadPool::default_threads(), r.decode);
+  r.decode_pause = [&dram](int64_t done) { dram.pause(done); };
   RunResult res = run_through_api(r, model.get());
-  // The decode floor: the bytes a step must read at the DRAM read rate
-  // measured now, on the run's threads (decode_traffic.h). Weights that fit
-  // in the last-level cache can beat it.
+  // The decode floor: the bytes a step must read (decode_traffic.h) at the
+  // DRAM read rate measured around the steps, on the run's threads. Weights
+  // that fit in the last-level cache can beat it.
   struct Floor {
-    double dram_gbs = 0, ms = 0, ratio = 0;
+    double dram_gbs = 0, min_gbs = 0, max_gbs = 0, ms = 0, ratio = 0;
   } floor;
-  if (r.decode > 0) {
-    floor.dram_gbs = bench::measure_dram_read(res.threads).gbs;
-    if (floor.dram_gbs > 0) {
-      floor.ms = res.decode_traffic.total() / (floor.dram_gbs * 1e9) * 1e3;
-      floor.ratio = res.decode_ms_per_token / floor.ms;
+  if (const double total_ms = dram.floor_ms(res.decode_traffic.total()); total_ms > 0) {
+    floor.ms = total_ms / double(r.decode);
+    floor.dram_gbs = res.decode_traffic.total() / (floor.ms * 1e-3) / 1e9;
+    floor.ratio = res.decode_ms_per_token / floor.ms;
+    floor.min_gbs = floor.max_gbs = dram.passes().front().gbs;
+    for (const auto& p : dram.passes()) {
+      floor.min_gbs = std::min(floor.min_gbs, p.gbs);
+      floor.max_gbs = std::max(floor.max_gbs, p.gbs);
     }
   }
 
@@ -156,10 +225,11 @@ int cmd_run(int argc, char** argv, int first) {
     print_routing(res);
     print_rates(r, res, "time split");
     if (floor.ms > 0)
-      std::printf("decode floor: %.1f MB/step (weights %.1f MB, K/V %.1f MB) at %.1f GB/s DRAM read = %.3f ms; "
-                  "this run %.2fx the floor\n",
+      std::printf("decode floor: %.1f MB/step (weights %.1f MB, K/V %.1f MB) at %.1f GB/s DRAM read "
+                  "(%zu passes around the steps, %.1f-%.1f GB/s) = %.3f ms; this run %.2fx the floor\n",
                   res.decode_traffic.total() / 1e6, res.decode_traffic.weight_bytes / 1e6,
-                  res.decode_traffic.kv_bytes / 1e6, floor.dram_gbs, floor.ms, floor.ratio);
+                  res.decode_traffic.kv_bytes / 1e6, floor.dram_gbs, dram.passes().size(), floor.min_gbs,
+                  floor.max_gbs, floor.ms, floor.ratio);
     std::printf("KV memory: %s ring vs %s full length (%lld positions)\n", gib(res.kv.ring).c_str(),
                 gib(res.kv.full_length).c_str(), (long long)(r.prompt + r.decode));
     if (res.verified) std::printf("%s\n", verify_text(res).c_str());
@@ -172,6 +242,7 @@ int cmd_run(int argc, char** argv, int first) {
       j["decode_floor"] = {{"weight_bytes", res.decode_traffic.weight_bytes},
                            {"kv_bytes", res.decode_traffic.kv_bytes},
                            {"dram_read_gbs", floor.dram_gbs},
+                           {"dram_passes", passes_json(dram.passes())},
                            {"floor_ms", floor.ms},
                            {"ratio", floor.ratio}};
     emit_json(a, j.dump(1));

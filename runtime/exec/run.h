@@ -34,6 +34,10 @@ struct RunRequest {
   bool verify = false;
   // Progress: phase ("prefill", "decode", "verify"), done, total.
   std::function<void(const std::string&, int64_t, int64_t)> progress;
+  // Called before the first decode step (done = 0) and after each one
+  // (done = steps so far), outside the decode's timing: `g3attn run`
+  // measures the DRAM read rate there.
+  std::function<void(int64_t done)> decode_pause;
 };
 
 struct RunLayer {

@@ -73,12 +73,22 @@ void drive_run(Stack& stack, const RunRequest& r, const RunInputs& in, int64_t c
   const std::vector<double> prefill_ms = stack.layer_ms();
   stack.on_layer = nullptr;
   if (after_prefill) after_prefill();
+  // The decode's time leaves out r.decode_pause's.
+  double paused_ms = 0;
+  auto pause = [&](int64_t done) {
+    if (!r.decode_pause || r.decode == 0) return;
+    const double p0 = run_clock_ms();
+    r.decode_pause(done);
+    paused_ms += run_clock_ms() - p0;
+  };
   t0 = run_clock_ms();
+  pause(0);
   for (int64_t k = 0; k < r.decode; ++k) {
     step(r.prompt + k, 1);
     if (r.progress) r.progress("decode", k + 1, r.decode);
+    pause(k + 1);
   }
-  res.decode_s = (run_clock_ms() - t0) / 1000;
+  res.decode_s = (run_clock_ms() - t0 - paused_ms) / 1000;
   res.prefill_tokens_per_s = double(in.B * r.prompt) / std::max(res.prefill_s, 1e-9);
   res.decode_ms_per_token = r.decode > 0 ? res.decode_s * 1000 / double(r.decode) : 0;
   for (int64_t l = 0; l < nl; ++l) {

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "generator/errors.h"
 #include "runtime/exec/block.h"
 #include "runtime/exec/decode_traffic.h"
 #include "runtime/exec/model.h"
 #include "runtime/exec/run.h"
+#include "runtime/exec/run_driver.h"
 #include "runtime/exec/thread_pool.h"
 #include "runtime/reference/reference.h"
 #include "runtime/reference/reference_stack.h"
@@ -197,6 +199,41 @@ TEST_CASE("the parallel reference stack equals ref::block with the official cach
   }
 }
 
+// A stack whose every forward call takes about 2 ms, for drive_run alone.
+struct SleepStack {
+  std::function<void(int, int64_t)> on_layer;
+  int64_t num_layers() const { return 1; }
+  RunLayer route(int64_t) const { return {}; }
+  std::vector<double> layer_ms() const { return {calls * 2.0}; }
+  void forward(const float*, const int32_t*, const uint8_t*, int64_t, float*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ++calls;
+  }
+  int calls = 0;
+};
+
+TEST_CASE("drive_run: decode_pause runs before and after every decode step, outside the decode's time",
+          "[runtime]") {
+  RunRequest r;
+  r.config = builtin_model("270m");
+  r.prompt = 4;
+  r.chunk = 4;
+  r.decode = 3;
+  std::vector<int64_t> seen;
+  r.decode_pause = [&](int64_t done) {
+    seen.push_back(done);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  SleepStack stack;
+  RunResult res;
+  drive_run(stack, r, run_inputs(r), r.chunk, res);
+  CHECK(seen == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(stack.calls == 4);  // one prefill chunk, three steps
+  // Four pauses of 200 ms would make it at least 800 ms.
+  CHECK(res.decode_s >= 0.005);
+  CHECK(res.decode_s < 0.4);
+}
+
 TEST_CASE("g3attn run: summary, JSON and --verify on a small model", "[runtime][cli]") {
   g3test::TempDir dir;
   auto r = g3test::run_g3attn({"run", "--model", "270m", "--prompt", "40", "--decode", "3", "--chunk", "16",
@@ -223,6 +260,15 @@ TEST_CASE("g3attn run: summary, JSON and --verify on a small model", "[runtime][
   CHECK(j["decode_floor"]["weight_bytes"].get<double>() == t.weight_bytes);
   CHECK(j["decode_floor"]["kv_bytes"].get<double>() == t.kv_bytes);
   CHECK(j["decode_floor"]["dram_read_gbs"].get<double>() > 0);
+  // The DRAM rate, read before the first step and after the last (270m's
+  // steps are far shorter than the 250 ms between further passes).
+  const auto& passes = j["decode_floor"]["dram_passes"];
+  REQUIRE(passes.size() >= 2);
+  CHECK(passes.front()["after_steps"] == 0);
+  CHECK(passes.back()["after_steps"] == 3);
+  for (const auto& p : passes) CHECK(p["gbs"].get<double>() > 0);
+  CHECK(j["decode_floor"]["dram_read_gbs"].get<double>() ==
+        Approx((t.weight_bytes + t.kv_bytes) / (j["decode_floor"]["floor_ms"].get<double>() * 1e-3) / 1e9));
   CHECK(j["decode_floor"]["ratio"].get<double>() ==
         Approx(j["decode_ms_per_token"].get<double>() / j["decode_floor"]["floor_ms"].get<double>()));
   CHECK(j["kv_bytes"]["ring"].get<uint64_t>() <= j["kv_bytes"]["full_length"].get<uint64_t>());
