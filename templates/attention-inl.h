@@ -549,28 +549,12 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows) {
   }
 }
 
-// Asks for one key row of `a`, and of `b` (line by line, interleaved) when
-// given, into L2 (prefetcht1) or L1 (prefetcht0).
-HWY_INLINE void PrefetchKeyRow(const uint8_t* a, const uint8_t* b, size_t row_bytes, bool l2) {
-  for (size_t off = 0; off < row_bytes; off += 64) {
-    if (l2) {
-      __builtin_prefetch(a + off, 0, 2);
-      if (b) __builtin_prefetch(b + off, 0, 2);
-    } else {
-      __builtin_prefetch(a + off, 0, 3);
-      if (b) __builtin_prefetch(b + off, 0, 3);
-    }
-  }
-}
-
 // Decode-sized calls (few rows): logits by dot products straight from the
 // cache, then the same online softmax, then P.V. K and V are each read
 // exactly once and strictly in address order, key row after key row, which
 // is what the hardware prefetcher follows best on a long bandwidth-bound
 // stream. Consecutive keys are independent, so out-of-order execution
-// overlaps their FMA chains. Per key, the K row (and the V row, when pf_v
-// is given) pf_keys ahead is asked for: spread out like this the
-// prefetches never queue behind each other.
+// overlaps their FMA chains.
 template <size_t NR, int kKV, bool kBC, class D>
 HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_t s0, size_t nk, size_t width,
                              size_t H, float* logits, const uint8_t* pf_k, const uint8_t* pf_v, size_t pf_keys,
@@ -578,7 +562,21 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
   const size_t NL = hn::Lanes(d);
   const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
   for (size_t s = 0; s < nk; ++s) {
-    if (s < pf_keys) PrefetchKeyRow(pf_k + s * row_bytes, pf_v ? pf_v + s * row_bytes : nullptr, row_bytes, pf_l2);
+    // One key row of K and of V, a few keys ahead (the caller's pf), per
+    // key: spread out like this the prefetches never queue behind each
+    // other. Into L1 (prefetcht0) or L2 (prefetcht1), as the caller says.
+    if (s < pf_keys) {
+      if (pf_l2)
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 2);
+          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 2);
+        }
+      else
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 3);
+          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 3);
+        }
+    }
     hn::Vec<D> acc[NR][2];
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
     size_t h = 0;
@@ -602,16 +600,10 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
 
 // Decode P.V (SPEC 1.3 step I): O[r] = O[r] * corr[r] + sum_s P[r][s] V[s],
 // V rows read in order, each once; the NR running outputs (NR x H floats)
-// stay in L1. With pf_v, each key also asks for the V row pf_keys ahead
-// (DecodeLogits then asks for K's alone).
+// stay in L1.
 template <size_t NR, int kKV, bool kBC, class D>
-HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O,
-                         const uint8_t* pf_v, size_t pf_keys, bool pf_l2) {
+HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
   const size_t NL = hn::Lanes(d);
-  const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
-  auto prefetch = [&](size_t s) {
-    if (pf_v && s < pf_keys) PrefetchKeyRow(pf_v + s * row_bytes, nullptr, row_bytes, pf_l2);
-  };
   for (size_t r = 0; r < NR; ++r) {
     if (corr[r] == 1.0f) continue;
     const auto c = hn::Set(d, corr[r]);
@@ -621,7 +613,6 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
   // Four keys per pass over O: a quarter of the O loads and stores, and the
   // four V rows are one contiguous stretch of memory.
   for (; s + 4 <= nk; s += 4) {
-    for (size_t j = 0; j < 4; ++j) prefetch(s + j);
     hn::Vec<D> p[NR][4];
     for (size_t r = 0; r < NR; ++r)
       for (size_t j = 0; j < 4; ++j) p[r][j] = hn::Set(d, P[r * kBk + s + j]);
@@ -636,7 +627,6 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
     }
   }
   for (; s < nk; ++s) {
-    prefetch(s);
     hn::Vec<D> p[NR];
     for (size_t r = 0; r < NR; ++r) p[r] = hn::Set(d, P[r * kBk + s]);
     for (size_t h = 0; h < H; h += NL) {
@@ -703,28 +693,18 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
       // 2 threads, bench --phase block --new-tokens 1 --context 2048, 4B:
       // local 0.755-0.830 ms against 0.855-0.917, global 1.05-1.10 against
       // 1.17-1.20, 3 alternations).
-      //
-      // Into L1, K's and V's rows are both asked for in the logits. Into L2,
-      // K's are asked for in the logits and V's in P.V, so the requests
-      // spread over the whole sub-block instead of half of it: on an AMD
-      // EPYC Zen 4 (2 threads, 32 KiB ahead into L2, `bench --phase decode
-      // --model 1b,4b --context 4096,32768 --kv-dtype f32,bf16 --backend
-      // highway --isa best --repeat 30`, three alternations) 4B's decode
-      // rows took 0.70-0.86x the time with bf16 K/V and 0.86-0.99x with f32,
-      // 1B's global ones 0.87-1.02x, its local ones 0.91-1.14x. Split so
-      // into L1 (8 KiB ahead), 4B's rows took 1.03-1.24x: L1 keeps both.
       const size_t ahead = s0 + pf < size_t(a->S) ? size_t(a->S) - s0 - pf : 0;
       const size_t pf_keys = ahead < nk ? ahead : nk;
       const uint8_t* kb = pf_keys ? static_cast<const uint8_t*>(a->k) + (s0 + pf) * H * esz : nullptr;
       const uint8_t* vb = pf_keys ? static_cast<const uint8_t*>(a->v) + (s0 + pf) * H * esz : nullptr;
-      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, pf_l2 ? nullptr : vb, pf_keys, pf_l2);
+      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, vb, pf_keys, pf_l2);
       SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       if constexpr (kBC)
         for (size_t r = 0; r < NR; ++r) bf16::RoundInPlace(dk, logits + r * kBk, kDk);
       const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
                                                              s0 * H * esz)
                                   : CleanValues<kKV>(a, s0, nk, H, Vclean);
-      DecodePV<NR, kKV, kBC>(d, logits, corr, V, nk, H, O, pf_l2 ? vb : nullptr, pf_keys, pf_l2);
+      DecodePV<NR, kKV, kBC>(d, logits, corr, V, nk, H, O);
     }
   }
   for (size_t r = 0; r < NR; ++r)
