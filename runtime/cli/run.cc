@@ -70,14 +70,20 @@ class DramAroundDecode {
  public:
   static constexpr double kProbeEveryMs = 250;
 
-  DramAroundDecode(int threads, int64_t steps) : threads_(threads), steps_(steps) {}
+  // The arrays are allocated and first touched here, before the run: made
+  // at the first pass, that work slowed the decode step after it (270m, 2
+  // steps: 6.7-14.3 ms/token against 2.2-2.8 without the passes; AMD EPYC
+  // Zen 4). The passes themselves did not (4B, 64 steps, 9-10 passes:
+  // 28.8-36.9 ms/token against 29.7-44.1, alternating with the old binary).
+  DramAroundDecode(int threads, int64_t steps) : steps_(steps) {
+    if (steps > 0) probe_ = std::make_unique<bench::DramProbe>(threads);
+  }
 
   // RunRequest::decode_pause.
   void pause(int64_t done) {
     const double now = run_clock_ms();
     if (done > 0) since_ms_ += now - last_ms_;
     if (done == 0 || done == steps_ || since_ms_ >= kProbeEveryMs) {
-      if (!probe_) probe_ = std::make_unique<bench::DramProbe>(threads_);
       passes_.push_back({done, probe_->pass_gbs()});
       since_ms_ = 0;
     }
@@ -101,7 +107,6 @@ class DramAroundDecode {
   const std::vector<Pass>& passes() const { return passes_; }
 
  private:
-  int threads_;
   int64_t steps_;
   std::unique_ptr<bench::DramProbe> probe_;
   std::vector<Pass> passes_;
@@ -133,13 +138,13 @@ int cmd_run(int argc, char** argv, int first) {
                  "chunks, then decode steps, the hidden state flowing from layer to layer. Each layer is\n"
                  "routed to its kernel by the 5:1 local/global pattern; layers with equal keys share one.\n"
                  "Local layers keep a ring of W + chunk - 1 KV slots, global layers the full length.\n"
-                 "Around the decode steps it reads 1 GiB (at least 4x the last-level cache) to measure\n"
-                 "the DRAM read rate: before the first step, after the last and after every 250 ms of\n"
-                 "decode, outside the decode's timing. It prints the decode floor: the bytes one step\n"
-                 "must read (every layer's projection weights, each sequence's visible K/V rows at the\n"
-                 "mean decode context) at those rates, each stretch of steps at the mean of the two\n"
-                 "passes around it, and the run's ms/token step as a multiple of it (\"decode_floor\"\n"
-                 "in --json, with each pass in \"dram_passes\"); and\n"
+                 "Around the decode steps it reads 1 GiB (at least 4x the last-level cache; allocated\n"
+                 "for the whole run) to measure the DRAM read rate: before the first step, after the last\n"
+                 "and after every 250 ms of decode, outside the decode's timing. It prints the decode\n"
+                 "floor: the bytes one step must read (every layer's projection weights, each sequence's\n"
+                 "visible K/V rows at the mean decode context) at those rates, each stretch of steps at\n"
+                 "the mean of the two passes around it, and the run's ms/token step as a multiple of it\n"
+                 "(\"decode_floor\" in --json, with each pass in \"dram_passes\"); and\n"
                  "each layer kind's mean decode ms per layer and step, the figure `g3attn bench\n"
                  "--phase block --new-tokens 1` times for one layer (\"decode_ms_per_layer\").\n"
                  "With no arguments: --model 1b --prompt 2048 --decode 32 --chunk 512.\n\n"
