@@ -549,12 +549,23 @@ HWY_NOINLINE void CorePrefill(D d, const g3_core_args* a, size_t rows) {
   }
 }
 
+// Asks for the bytes [from, to) of p, line by line, into L2 (prefetcht1)
+// or L1 (prefetcht0).
+HWY_INLINE void PrefetchLines(const uint8_t* p, size_t from, size_t to, bool l2) {
+  if (l2)
+    for (size_t off = from; off < to; off += 64) __builtin_prefetch(p + off, 0, 2);
+  else
+    for (size_t off = from; off < to; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 // Decode-sized calls (few rows): logits by dot products straight from the
 // cache, then the same online softmax, then P.V. K and V are each read
 // exactly once and strictly in address order, key row after key row, which
 // is what the hardware prefetcher follows best on a long bandwidth-bound
 // stream. Consecutive keys are independent, so out-of-order execution
-// overlaps their FMA chains.
+// overlaps their FMA chains. Per key, the K row pf_keys ahead is asked for,
+// and the V row as well when pf_v is given (else DecodePV asks for it):
+// spread out like this the prefetches never queue behind each other.
 template <size_t NR, int kKV, bool kBC, class D>
 HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_t s0, size_t nk, size_t width,
                              size_t H, float* logits, const uint8_t* pf_k, const uint8_t* pf_v, size_t pf_keys,
@@ -562,20 +573,9 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
   const size_t NL = hn::Lanes(d);
   const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
   for (size_t s = 0; s < nk; ++s) {
-    // One key row of K and of V, a few keys ahead (the caller's pf), per
-    // key: spread out like this the prefetches never queue behind each
-    // other. Into L1 (prefetcht0) or L2 (prefetcht1), as the caller says.
     if (s < pf_keys) {
-      if (pf_l2)
-        for (size_t off = 0; off < row_bytes; off += 64) {
-          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 2);
-          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 2);
-        }
-      else
-        for (size_t off = 0; off < row_bytes; off += 64) {
-          __builtin_prefetch(pf_k + s * row_bytes + off, 0, 3);
-          __builtin_prefetch(pf_v + s * row_bytes + off, 0, 3);
-        }
+      PrefetchLines(pf_k + s * row_bytes, 0, row_bytes, pf_l2);
+      if (pf_v) PrefetchLines(pf_v + s * row_bytes, 0, row_bytes, pf_l2);
     }
     hn::Vec<D> acc[NR][2];
     for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
@@ -600,10 +600,21 @@ HWY_INLINE void DecodeLogits(D d, const float* const* q, const void* keys, size_
 
 // Decode P.V (SPEC 1.3 step I): O[r] = O[r] * corr[r] + sum_s P[r][s] V[s],
 // V rows read in order, each once; the NR running outputs (NR x H floats)
-// stay in L1.
+// stay in L1. With pf_v, the V rows pf_keys ahead of the ones read are asked
+// for a few lines per step of the loop over h, so the requests run evenly
+// through P.V as K's do through the logits.
 template <size_t NR, int kKV, bool kBC, class D>
-HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O) {
+HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, size_t nk, size_t H, float* O,
+                         const uint8_t* pf_v, size_t pf_keys, bool pf_l2) {
   const size_t NL = hn::Lanes(d);
+  const size_t row_bytes = H * (kKV == G3_DTYPE_F32 ? 4 : 2);
+  // The V bytes to ask for while keys s..s+n-1 are read, and how many of
+  // them per step over h (whole lines).
+  auto ahead = [&](size_t s, size_t n, size_t& bytes, size_t& per_step) {
+    bytes = pf_v && s < pf_keys ? ((s + n < pf_keys ? s + n : pf_keys) - s) * row_bytes : 0;
+    const size_t steps = (H + NL - 1) / NL, lines = (bytes + 63) / 64;
+    per_step = (lines + steps - 1) / steps * 64;
+  };
   for (size_t r = 0; r < NR; ++r) {
     if (corr[r] == 1.0f) continue;
     const auto c = hn::Set(d, corr[r]);
@@ -613,10 +624,13 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
   // Four keys per pass over O: a quarter of the O loads and stores, and the
   // four V rows are one contiguous stretch of memory.
   for (; s + 4 <= nk; s += 4) {
+    size_t pf_bytes, per;
+    ahead(s, 4, pf_bytes, per);
     hn::Vec<D> p[NR][4];
     for (size_t r = 0; r < NR; ++r)
       for (size_t j = 0; j < 4; ++j) p[r][j] = hn::Set(d, P[r * kBk + s + j]);
-    for (size_t h = 0; h < H; h += NL) {
+    for (size_t h = 0, at = 0; h < H; h += NL, at += per) {
+      if (at < pf_bytes) PrefetchLines(pf_v + s * row_bytes, at, at + per < pf_bytes ? at + per : pf_bytes, pf_l2);
       hn::Vec<D> v[4];
       for (size_t j = 0; j < 4; ++j) v[j] = LoadKV<kKV, kBC>(d, V, (s + j) * H + h);
       for (size_t r = 0; r < NR; ++r) {
@@ -627,9 +641,12 @@ HWY_INLINE void DecodePV(D d, const float* P, const float* corr, const void* V, 
     }
   }
   for (; s < nk; ++s) {
+    size_t pf_bytes, per;
+    ahead(s, 1, pf_bytes, per);
     hn::Vec<D> p[NR];
     for (size_t r = 0; r < NR; ++r) p[r] = hn::Set(d, P[r * kBk + s]);
-    for (size_t h = 0; h < H; h += NL) {
+    for (size_t h = 0, at = 0; h < H; h += NL, at += per) {
+      if (at < pf_bytes) PrefetchLines(pf_v + s * row_bytes, at, at + per < pf_bytes ? at + per : pf_bytes, pf_l2);
       const auto v = LoadKV<kKV, kBC>(d, V, s * H + h);
       for (size_t r = 0; r < NR; ++r) hn::StoreU(hn::MulAdd(p[r], v, hn::LoadU(d, O + r * H + h)), d, O + r * H + h);
     }
@@ -693,18 +710,32 @@ HWY_NOINLINE void CoreDecodeGroup(D d, const g3_core_args* a, size_t row0, const
       // 2 threads, bench --phase block --new-tokens 1 --context 2048, 4B:
       // local 0.755-0.830 ms against 0.855-0.917, global 1.05-1.10 against
       // 1.17-1.20, 3 alternations).
+      //
+      // Into L2, K's rows are asked for in the logits and V's in P.V, a few
+      // lines per step over h (DecodePV), so the requests run through the
+      // whole sub-block instead of its first half; into L1 (the default)
+      // both stay in the logits, as measured on the Zen 5. On an AMD EPYC
+      // Zen 4, 32 KiB ahead (its profile's choice): one thread streaming
+      // 65536 keys from DRAM through the core read 17.7-24.1 GB/s of K/V
+      // against 12.4-16.5 with both asked for in the logits (1B's and 4B's
+      // global keys, f32 and bf16 K/V); two threads, `bench --phase decode
+      // --model 1b,4b --context 4096,32768 --kv-dtype f32,bf16 --backend
+      // highway --isa best --repeat 20` toggling the two run by run (the
+      // neighbour layer with them): 0.71-0.96x the time on 28 of 32 rows,
+      // 0.97-1.04x on 1B's local bf16 ones, two benches. V's rows asked for
+      // four at once at the top of each P.V step had not helped (88faff4).
       const size_t ahead = s0 + pf < size_t(a->S) ? size_t(a->S) - s0 - pf : 0;
       const size_t pf_keys = ahead < nk ? ahead : nk;
       const uint8_t* kb = pf_keys ? static_cast<const uint8_t*>(a->k) + (s0 + pf) * H * esz : nullptr;
       const uint8_t* vb = pf_keys ? static_cast<const uint8_t*>(a->v) + (s0 + pf) * H * esz : nullptr;
-      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, vb, pf_keys, pf_l2);
+      DecodeLogits<NR, kKV, kBC>(d, q, a->k, s0, nk, kDk, H, logits, kb, pf_l2 ? nullptr : vb, pf_keys, pf_l2);
       SoftmaxTile(dk, NR, kDk, logits, kBk, c == G3_TILE_FULL, int64_t(s0), kp + b, kv + b, rb, m, l, corr);
       if constexpr (kBC)
         for (size_t r = 0; r < NR; ++r) bf16::RoundInPlace(dk, logits + r * kBk, kDk);
       const void* V = info[k].all ? static_cast<const void*>(static_cast<const uint8_t*>(a->v) +
                                                              s0 * H * esz)
                                   : CleanValues<kKV>(a, s0, nk, H, Vclean);
-      DecodePV<NR, kKV, kBC>(d, logits, corr, V, nk, H, O);
+      DecodePV<NR, kKV, kBC>(d, logits, corr, V, nk, H, O, pf_l2 ? vb : nullptr, pf_keys, pf_l2);
     }
   }
   for (size_t r = 0; r < NR; ++r)
