@@ -101,8 +101,11 @@ class Emitter {
 
  private:
   struct CoreState;
-  void emit_qk_tile(const CoreState& st, int R, int prefetch);
+  void emit_qk_tile(const CoreState& st, int R);
   void emit_pv_tile(const CoreState& st, int R);
+  void emit_qk_decode(const CoreState& st, int R, int locality, bool ask_v);
+  void emit_pv_decode(const CoreState& st, int R, int locality);
+  void prefetch_lines(Value* base, Value* elem, int from, int to, int locality);
 
   // ---- small helpers -------------------------------------------------------
   Function* new_function(const char* name) {
@@ -402,18 +405,10 @@ struct Emitter::CoreState {
 };
 
 // S[r][j] = sum_h q_r[h] k_{s0+j}[h] for the tile's R rows: RB rows x SB
-// keys per register block, VL-wide partial sums reduced at the end.
-// `prefetch` (decode tiles: the locality, 3 for L1 or 2 for L2; 0: none): a
-// decode step runs at the memory's pace, so the first row block also asks
-// for the K and V rows st.pf_ahead elements ahead (the call's hint, else
-// templates/decode_prefetch.h's default), one line of each per line of K
-// its loads consume (the head_dim loop is unrolled to whole lines for
-// that): the Highway decode core's rule.
-void Emitter::emit_qk_tile(const CoreState& st, int R, int prefetch) {
+// keys per register block, VL-wide partial sums reduced at the end (tiles
+// of many query rows; a decode tile takes emit_qk_decode).
+void Emitter::emit_qk_tile(const CoreState& st, int R) {
   const int TK = tiling_.tk, SB = std::min(tiling_.qk_keys, TK), RB = pow2_divisor(R, tiling_.qk_rows);
-  const int esz = bf16_ ? 2 : 4, per_line = std::max(1, 64 / (VL * esz));
-  const int unroll = prefetch && NV % per_line == 0 ? per_line : 1;
-  Type* kv_elem = bf16_ ? i16 : f32;
   for_(c64(0), c64(R), RB, [&](Value* rb) {
     std::vector<Value*> qr;
     for (int i = 0; i < RB; ++i)
@@ -425,27 +420,14 @@ void Emitter::emit_qk_tile(const CoreState& st, int R, int prefetch) {
             b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, b.CreateAdd(sb, c64(j)))), c64(H)));
       const int NA = RB * SB;
       for (int x = 0; x < NA; ++x) b.CreateStore(splatf(VL, 0.f), st.accs[x]);
-      for_(c64(0), c64(NV), unroll, [&](Value* c) {
-        if (prefetch) {
-          auto ask = [&] {
-            Value* e = b.CreateAdd(b.CreateMul(c, c64(VL)), st.pf_ahead);
-            for (int j = 0; j < SB; ++j)
-              for (Value* base : {st.K, st.V})
-                b.CreateIntrinsic(Intrinsic::prefetch, {ptr},
-                                  {b.CreateGEP(kv_elem, base, b.CreateAdd(kb[j], e)), c32(0), c32(prefetch), c32(1)});
-          };
-          if (R > RB) if_(b.CreateICmpEQ(rb, c64(0)), ask);
-          else ask();
-        }
-        for (int u = 0; u < unroll; ++u) {
-          Value* e = b.CreateMul(b.CreateAdd(c, c64(u)), c64(VL));
-          std::vector<Value*> qv, kv;
-          for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
-          for (int j = 0; j < SB; ++j) kv.push_back(load_kv(st.K, b.CreateAdd(kb[j], e), VL));
-          for (int i = 0; i < RB; ++i)
-            for (int j = 0; j < SB; ++j)
-              b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), st.accs[i * SB + j])), st.accs[i * SB + j]);
-        }
+      for_(c64(0), c64(NV), 1, [&](Value* c) {
+        Value* e = b.CreateMul(c, c64(VL));
+        std::vector<Value*> qv, kv;
+        for (int i = 0; i < RB; ++i) qv.push_back(loadv(gepf(qr[i], e), VL));
+        for (int j = 0; j < SB; ++j) kv.push_back(load_kv(st.K, b.CreateAdd(kb[j], e), VL));
+        for (int i = 0; i < RB; ++i)
+          for (int j = 0; j < SB; ++j)
+            b.CreateStore(fmuladd(qv[i], kv[j], b.CreateLoad(vt(VL), st.accs[i * SB + j])), st.accs[i * SB + j]);
       });
       std::vector<Value*> in;
       for (int x = 0; x < NA; ++x) in.push_back(b.CreateLoad(vt(VL), st.accs[x]));
@@ -517,6 +499,114 @@ void Emitter::emit_pv_tile(const CoreState& st, int R) {
         }
       });
       for (int x = 0; x < RB * HB; ++x) storev(b.CreateLoad(vt(VL), st.accs[x]), optr[x]);
+    });
+  });
+}
+
+// Asks for the lines [from, to) (64 bytes each) from KV element `elem` of
+// `base` on, into L1 (locality 3) or L2 (2).
+void Emitter::prefetch_lines(Value* base, Value* elem, int from, int to, int locality) {
+  Value* p = b.CreateGEP(bf16_ ? i16 : f32, base, elem);
+  for (int l = from; l < to; ++l)
+    b.CreateIntrinsic(Intrinsic::prefetch, {ptr}, {b.CreateGEP(i8, p, c64(int64_t(l) * 64)), c32(0), c32(locality), c32(1)});
+}
+
+// The decode tile's S = Q K^T (SPEC 1.3 step E for one token's G rows): one
+// key at a time, each K row read whole and in address order, two
+// accumulators per row, then a horizontal sum. The register blocks of
+// emit_qk_tile walk four K rows side by side, which a hardware prefetcher
+// follows less well on a stream from DRAM; this is the Highway decode
+// core's loop (templates/attention-inl.h, DecodeLogits). Per key, the first
+// row block asks for the K row st.pf_ahead elements ahead, and the V row too
+// when `ask_v` (into L1; into L2, emit_pv_decode asks for V).
+void Emitter::emit_qk_decode(const CoreState& st, int R, int locality, bool ask_v) {
+  const int TK = tiling_.tk, RB = pow2_divisor(R, 4), U = NV % 2 == 0 ? 2 : 1;
+  const int lines = (H * (bf16_ ? 2 : 4) + 63) / 64;
+  for_(c64(0), c64(R), RB, [&](Value* rb) {
+    std::vector<Value*> qr;
+    for (int i = 0; i < RB; ++i)
+      qr.push_back(b.CreateLoad(ptr, b.CreateInBoundsGEP(ptr, st.qrow, b.CreateAdd(rb, c64(i)))));
+    for_(c64(0), c64(TK), 1, [&](Value* j) {
+      Value* kb = b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, j)), c64(H));
+      if_(b.CreateICmpEQ(rb, c64(0)), [&] {
+        Value* e = b.CreateAdd(kb, st.pf_ahead);
+        prefetch_lines(st.K, e, 0, lines, locality);
+        if (ask_v) prefetch_lines(st.V, e, 0, lines, locality);
+      });
+      for (int x = 0; x < RB * U; ++x) b.CreateStore(splatf(VL, 0.f), st.accs[x]);
+      for_(c64(0), c64(NV), U, [&](Value* c) {
+        for (int u = 0; u < U; ++u) {
+          Value* e = b.CreateMul(b.CreateAdd(c, c64(u)), c64(VL));
+          Value* kv = load_kv(st.K, b.CreateAdd(kb, e), VL);
+          for (int i = 0; i < RB; ++i) {
+            Value* acc = st.accs[i * U + u];
+            b.CreateStore(fmuladd(loadv(gepf(qr[i], e), VL), kv, b.CreateLoad(vt(VL), acc)), acc);
+          }
+        }
+      });
+      for (int i = 0; i < RB; ++i) {
+        Value* sum = b.CreateLoad(vt(VL), st.accs[i * U]);
+        if (U == 2) sum = b.CreateFAdd(sum, b.CreateLoad(vt(VL), st.accs[i * U + 1]));
+        Value* row = b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK));
+        b.CreateStore(hreduce(sum, false), gepf(st.Pbuf, b.CreateAdd(row, j)));
+      }
+    });
+  });
+}
+
+// The decode tile's O = O * corr + P V (SPEC 1.3 step I): four keys per
+// pass over O (which stays in L1: G rows of head_dim floats), each pass
+// reading the four V rows whole and in address order, where emit_pv_tile
+// walks the tile's V rows a column block at a time. Invalid slots' values
+// are zeroed by their validity bits, as there. With `locality` (into L2),
+// the V rows st.pf_ahead elements ahead of the pass are asked for a few
+// lines per step over head_dim, so the requests run through the whole pass
+// (the Highway decode core's DecodePV).
+void Emitter::emit_pv_decode(const CoreState& st, int R, int locality) {
+  const int TK = tiling_.tk, RB = pow2_divisor(R, 4), KB = pow2_divisor(TK, 4);
+  const int lines = (KB * H * (bf16_ ? 2 : 4) + 63) / 64, per = (lines + NV - 1) / NV;
+  Type* vi32 = FixedVectorType::get(i32, VL);
+  for_(c64(0), c64(R), 1, [&](Value* r) {
+    Value* s = splat(VL, b.CreateLoad(f32, gepf(st.Corr, r)));
+    for_(c64(0), c64(NV), 1, [&](Value* c) {
+      Value* p = gepf(st.Oacc, b.CreateAdd(b.CreateMul(r, c64(H)), b.CreateMul(c, c64(VL))));
+      storev(b.CreateFMul(loadv(p, VL), s), p);
+    });
+  });
+  for_(c64(0), c64(TK), KB, [&](Value* j0) {
+    std::vector<Value*> vb, okv;
+    for (int j = 0; j < KB; ++j) {
+      Value* jj = b.CreateAdd(j0, c64(j));
+      vb.push_back(b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, jj)), c64(H)));
+      okv.push_back(b.CreateVectorSplat(VL, b.CreateLoad(i32, b.CreateInBoundsGEP(i32, st.kv_t, jj))));
+    }
+    Value* pf_at = b.CreateAdd(vb[0], st.pf_ahead);
+    for_(c64(0), c64(R), RB, [&](Value* rb) {
+      std::vector<Value*> pij;
+      for (int i = 0; i < RB; ++i)
+        for (int j = 0; j < KB; ++j) {
+          Value* row = b.CreateMul(b.CreateAdd(rb, c64(i)), c64(TK));
+          pij.push_back(splat(VL, b.CreateLoad(f32, gepf(st.Pbuf, b.CreateAdd(row, b.CreateAdd(j0, c64(j)))))));
+        }
+      for_(c64(0), c64(NV), 1, [&](Value* c) {
+        if (locality)
+          if_(b.CreateICmpEQ(rb, c64(0)), [&] {
+            Value* e = b.CreateAdd(pf_at, b.CreateMul(c, c64(int64_t(per) * 64 / (bf16_ ? 2 : 4))));
+            prefetch_lines(st.V, e, 0, per, locality);
+          });
+        Value* e = b.CreateMul(c, c64(VL));
+        std::vector<Value*> vv;
+        for (int j = 0; j < KB; ++j) {
+          Value* bits = b.CreateBitCast(load_kv(st.V, b.CreateAdd(vb[j], e), VL), vi32);
+          vv.push_back(b.CreateBitCast(b.CreateAnd(bits, okv[j]), vt(VL)));
+        }
+        for (int i = 0; i < RB; ++i) {
+          Value* p = gepf(st.Oacc, b.CreateAdd(b.CreateMul(b.CreateAdd(rb, c64(i)), c64(H)), e));
+          Value* o = loadv(p, VL);
+          for (int j = 0; j < KB; ++j) o = fmuladd(pij[i * KB + j], vv[j], o);
+          storev(o, p);
+        }
+      });
     });
   });
 }
@@ -607,16 +697,22 @@ void Emitter::emit_core() {
           Value* s = b.CreateAdd(s0, j);
           b.CreateStore(b.CreateSelect(b.CreateICmpSLT(s, S), s, S1), b.CreateInBoundsGEP(i64, st.kslot, j));
         });
-        if (TQ == 1) {  // decode: the hint's cache level, one copy of the tile each
-          if_(st.pf_l2, [&] { emit_qk_tile(st, R, 2); });
-          if_(b.CreateNot(st.pf_l2), [&] { emit_qk_tile(st, R, 3); });
+        // Decode: the hint's cache level, one copy of each loop per level.
+        if (TQ == 1) {
+          if_(st.pf_l2, [&] { emit_qk_decode(st, R, 2, false); });
+          if_(b.CreateNot(st.pf_l2), [&] { emit_qk_decode(st, R, 3, true); });
         } else {
-          emit_qk_tile(st, R, 0);
+          emit_qk_tile(st, R);
         }
         Value* full = b.CreateZExt(b.CreateICmpEQ(cls, c32(G3_TILE_FULL)), i32);
         b.CreateCall(softmax_fn, {st.Pbuf, c64(TK), c64(R), c64(TK), full, s0, st.kp_t, st.kv_t, st.rbounds,
                                   st.Mrow, st.Lrow, st.Corr});
-        emit_pv_tile(st, R);
+        if (TQ == 1) {
+          if_(st.pf_l2, [&] { emit_pv_decode(st, R, 2); });
+          if_(b.CreateNot(st.pf_l2), [&] { emit_pv_decode(st, R, 0); });
+        } else {
+          emit_pv_tile(st, R);
+        }
       });
     });
 

@@ -16,7 +16,7 @@ namespace g3::llvmjit {
 
 // Bump whenever the emitted IR changes: it is part of every on-disk cache
 // entry's identity, so old objects are never reused by a newer generator.
-constexpr int kGeneratorVersion = 9;
+constexpr int kGeneratorVersion = 10;
 
 // Names of the emitted functions (each object lives in its own JITDylib, so
 // the names are the same for every key).
