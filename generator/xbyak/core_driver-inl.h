@@ -32,11 +32,25 @@ G3X_INLINE void to_bf16_pairs(const float* x, uint16_t* dst, int n) {
 #endif
 }
 
+// Rounds n floats (n a multiple of VL) to bf16 in place, to nearest even,
+// as to_bf16_pairs does (the values stay floats).
+G3X_INLINE void round_to_bf16(float* x, int n) {
+#if G3X_VL == 16
+  for (int i = 0; i < n; i += 16) {
+    __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(h)), 16);
+    _mm512_storeu_ps(x + i, _mm512_castsi512_ps(w));
+  }
+#else
+  for (int i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+#endif
+}
+
 // The tile loop's buffers, per thread, grown on demand and reused across
 // calls (templates/scratch.h, included by core_driver.cc outside the target
 // regions).
 struct Buffers {
-  Scratch<uint32_t> q, kt, vp, kpad, vpad;
+  Scratch<uint32_t> q, kt, vp, vpad;
   Scratch<float> s, o, m, l, corr;
   Scratch<uint16_t> pb;
   Scratch<int32_t> kp, kv;
@@ -196,7 +210,8 @@ static void repack_values(const CoreConfig& c, const void* vbase, const uint8_t*
 }
 
 // Tiles of at most this many rows (decode: T = 1, so R = G) take the
-// direct QK kernel: at G = 8 and 4096 keys it is 3x faster than transposing.
+// direct QK kernel (at G = 8 and 4096 keys it is 3x faster than
+// transposing), and on the plain path the direct P.V kernel.
 constexpr int64_t kDirectRows = 8;
 
 static void core(const CoreContext* ctx, const g3_core_args* a) {
@@ -246,8 +261,9 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
   // The decode prefetch (kernel_contract.h): the call's hint, else
   // decode_prefetch.h's default, in whole keys, as bytes past each row read.
   const int64_t ahead = int64_t(g3_decode_prefetch_keys(size_t(dh), esz, a->prefetch_bytes) * size_t(dh) * esz);
-  const QkFn direct_fn = a->prefetch_level == G3_PREFETCH_L2 ? ctx->qk_direct_l2 : ctx->qk_direct;
-  void* kpad = sc.kpad.Get(size_t(kb * dh));
+  const bool into_l2 = a->prefetch_level == G3_PREFETCH_L2;
+  const QkFn direct_fn = into_l2 ? ctx->qk_direct_l2 : ctx->qk_direct;
+  const PvFn direct_pv = into_l2 ? ctx->pv_direct_l2 : ctx->pv_direct;
   void* vpad = sc.vpad.Get(size_t(kb * dh));
   const FlashOps& fo = *ctx->flash;
 
@@ -274,27 +290,14 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
       if (cls == G3_TILE_SKIP) continue;  // hidden from every query of the tile
       const int64_t k0 = b * kb, nk = std::min<int64_t>(kb, S - k0);
 
-      // Step E: logits. Few rows (decode): straight from the cache rows in
-      // groups of 4 keys, the last 1-3 keys of a partial block through a
-      // zero-padded copy of one group (a whole padded block cost a 64 KiB
-      // memset per call: 1B's local decode split at a ring's wrap took 1.3x
-      // the time). Columns past nk keep what they held; the softmax step
-      // masks them (slots past S are invalid).
+      // Step E: logits. Few rows (decode): straight from the cache rows,
+      // one key at a time. Columns past nk keep what they held; the softmax
+      // step masks them (slots past S are invalid).
       if (direct) {
         const char* kblk = static_cast<const char*>(a->k) + size_t(k0 * dh) * esz;
-        const int64_t whole = nk / 4 * 4, rest = nk - whole;
-        if (whole > 0) {
-          const int64_t v_minus_k = int64_t(reinterpret_cast<uintptr_t>(a->v) - reinterpret_cast<uintptr_t>(a->k));
-          QkCall qc{qs, kblk, s, R, whole, v_minus_k, ahead};
-          direct_fn(&qc);
-        }
-        if (rest > 0) {
-          const size_t row = size_t(dh) * esz;
-          std::memcpy(kpad, kblk + size_t(whole) * row, size_t(rest) * row);
-          std::memset(static_cast<char*>(kpad) + size_t(rest) * row, 0, size_t(4 - rest) * row);
-          QkCall qc{qs, kpad, s + whole, R, 4, 0, ahead};
-          direct_fn(&qc);
-        }
+        const int64_t v_minus_k = int64_t(reinterpret_cast<uintptr_t>(a->v) - reinterpret_cast<uintptr_t>(a->k));
+        QkCall qc{qs, kblk, s, R, nk, v_minus_k, ahead};
+        direct_fn(&qc);
       } else {
         uint32_t* kt = keep ? kt_all + kt_block * b : kt_all;
         if (!keep || !sc.kt_done[size_t(b)]) {
@@ -315,8 +318,8 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
         }
       fo.softmax_tile(s, kb, R, kb, cls == G3_TILE_FULL, k0, kp, kv, rb, m, l, corr);
       // Step I: O = O * corr + P.V.
-      PvCall pc{s, nullptr, o, corr, R, nk};
-      if (c.bf16_dot) {
+      PvCall pc{s, nullptr, o, corr, R, nk, ahead};
+      if (c.bf16_dot && !direct) {
         for (int64_t r = 0; r < R; ++r) to_bf16_pairs(s + r * kb, pb + r * kb, kb);
         uint32_t* vp = keep ? vp_all + vp_block * b : vp_all;
         if (!keep || !sc.vp_done[size_t(b)]) {
@@ -327,6 +330,11 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
         pc.v = vp;
         pc.nk = (nk + 1) / 2;
       } else {
+        // The direct P.V kernel widens bf16 V as it loads it: on the
+        // vdpbf16ps path the probabilities are rounded to bf16 in place
+        // (the bf16 compute mode's p), and V needs no repack.
+        if (c.bf16_dot)
+          for (int64_t r = 0; r < R; ++r) round_to_bf16(s + r * kb, kb);
         pc.v = static_cast<const char*>(a->v) + size_t(k0 * dh) * esz;
         // Only a block's first nk keys are read; a partial block whose keys
         // are all valid (the end of a cache or of a decode piece) needs no copy.
@@ -347,7 +355,7 @@ static void core(const CoreContext* ctx, const g3_core_args* a) {
           pc.v = vz;
         }
       }
-      ctx->pv(&pc);
+      (direct ? direct_pv : ctx->pv)(&pc);
     }
 
     // Normalise (the shared row finish); rows with no visible key are zeros

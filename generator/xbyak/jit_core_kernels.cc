@@ -150,75 +150,62 @@ struct QkJit : JitBase {
   }
 };
 
-// Decode and other few-row tiles (up to 8 rows; 4 at a time in AVX-512, 2 in
-// AVX2): S = Q.K^T with K read in its cache layout, no transposition.
-// Vectors run along head_dim, so each (row, key) pair ends in a horizontal
-// sum; 4 keys x rows accumulators are live. With so few rows the loop is
-// bound by streaming K, and the transposition the QK kernel needs would
-// cost more than the sums (decode at G = 2, 4096 keys: 5x faster).
-//     vmovups zmm16,[rcx] ; ... zmm19,[rcx+0xc00]    ; 4 keys, 16 dims each
-//     vmovups zmm20,[rdx] ; vmovups zmm21,[rdx+0x400] ; q rows 0, 1, ...
-//     vfmadd231ps zmm0,zmm16,zmm20 ...               ; 4 x rows FMAs
-//     prefetcht0 [rcx+r14] ; prefetcht0 [rcx+r15] ; ...  ; K and V rows QkCall::ahead bytes ahead
-// Decode runs at the memory's pace, so the kernel asks for the K and V rows
-// QkCall::ahead bytes ahead (the call's hint or templates/decode_prefetch.h's
-// default, in whole keys), one line of each per line its loads consume: the
-// Highway decode core's rule. One kernel per cache level asked for:
-// prefetcht0 (L1) or prefetcht1 (L2).
+// Decode and other few-row tiles (up to 8 rows, 4 at a time): S = Q.K^T
+// with K read in its cache layout, no transposition, one key row at a time,
+// whole and in address order (what a hardware prefetcher follows best on a
+// stream from DRAM; the Highway decode core's DecodeLogits). Two
+// accumulators per row take alternate head_dim vectors, q comes from memory
+// as the FMA's operand, and each (row, key) pair ends in a horizontal sum.
+// With so few rows the loop is bound by streaming K, and the transposition
+// the QK kernel needs would cost more than the sums (decode at G = 2, 4096
+// keys: 5x faster).
+//     prefetcht1 [rcx+rdx] ; ... [rcx+rdx+0x3c0]    ; the K row QkCall::ahead bytes ahead
+//     vmovups zmm8,[rcx]                             ; 16 dims of the key
+//     vfmadd231ps zmm0,zmm8,[r8]                     ; q row 0
+//     vfmadd231ps zmm2,zmm8,[r8+0x400]               ; q row 1 ...
+//     vmovups zmm9,[rcx+0x40]                        ; the next 16 (accumulators 1, 3, ...)
+// Decode runs at the memory's pace, so per key the kernel asks for the K
+// row QkCall::ahead bytes ahead (the call's hint or templates/
+// decode_prefetch.h's default, in whole keys), and into L1 the V row as
+// well (into L2, PvDirectJit asks for V). One kernel per cache level asked
+// for: prefetcht0 (L1) or prefetcht1 (L2).
 struct QkDirectJit : JitBase {
   const Reg64 reg_args = rdi, reg_q = r8, reg_k = r9, reg_s = r10, reg_rows = r11;
-  const Reg64 reg_sw = rdi, reg_grp = rsi, reg_kg = rax, reg_kw = rcx, reg_qw = rdx, reg_cnt = rbx;
-  const Reg64 reg_groups = r12;  // groups of kKeys keys per row block (QkCall::keys / kKeys)
-  const Reg64 reg_vk = r13;      // QkCall::v_minus_k
-  const Reg64 reg_pk = r14;      // QkCall::ahead: K prefetch at [reg_kw + reg_pk]
-  const Reg64 reg_pv = r15;      // v_minus_k + ahead: V prefetch at [reg_kw + reg_pv]
-  static constexpr int kKeys = 4;
-  const int max_rows;
-  const bool l2;                 // prefetcht1 (into L2) instead of prefetcht0
+  const Reg64 reg_sw = rsi, reg_kw = rcx, reg_cnt = rax;
+  const Reg64 reg_pk = rdx;  // QkCall::ahead: K prefetch at [reg_kw + reg_pk]
+  const Reg64 reg_pv = rbx;  // v_minus_k + ahead: V prefetch at [reg_kw + reg_pv]
+  static constexpr int kRows = 4;
+  const bool l2;             // prefetcht1 (into L2) instead of prefetcht0
 
-  QkDirectJit(const CoreConfig& c, bool into_l2)
-      : JitBase(c), max_rows(c.isa == Isa::Avx512 ? 4 : 2), l2(into_l2) {
-    generate();
-  }
+  QkDirectJit(const CoreConfig& c, bool into_l2) : JitBase(c), l2(into_l2) { generate(); }
 
-  Xmm acc(int r, int j) const { return vec(r * kKeys + j); }
-  Xmm kreg(int j) const { return vec(max_rows * kKeys + j); }
-  Xmm qreg(int r) const { return vec(max_rows * kKeys + kKeys + r); }
-  int tmp() const { return max_rows * kKeys + kKeys + max_rows; }
+  Xmm acc(int r, int u) const { return vec(r * 2 + u); }
+  Xmm kreg(int u) const { return vec(2 * kRows + u); }
+  int tmp() const { return 2 * kRows + 2; }
   bool widen() const { return cfg.bf16_kv && !cfg.bf16_dot; }
   int krow() const { return cfg.head_dim * (cfg.bf16_kv ? 2 : 4); }  // bytes per cache row
   int steps() const { return cfg.bf16_dot ? cfg.head_dim / 32 : cfg.head_dim / cfg.vl; }
+
+  void ask(const Address& a) {
+    if (l2) prefetcht1(a);
+    else prefetcht0(a);
+  }
 
   void generate() {
     mov(reg_q, ptr[reg_args + offsetof(QkCall, q)]);
     mov(reg_k, ptr[reg_args + offsetof(QkCall, kt)]);
     mov(reg_s, ptr[reg_args + offsetof(QkCall, s)]);
     mov(reg_rows, ptr[reg_args + offsetof(QkCall, rows)]);
-    push(reg_cnt);
-    push(reg_groups);
-    push(reg_vk);
-    push(reg_pk);
-    push(reg_pv);
-    mov(reg_vk, ptr[reg_args + offsetof(QkCall, v_minus_k)]);
+    push(reg_pv);  // callee-saved
     mov(reg_pk, ptr[reg_args + offsetof(QkCall, ahead)]);
-    lea(reg_pv, ptr[reg_vk + reg_pk]);
-    mov(reg_groups, ptr[reg_args + offsetof(QkCall, keys)]);
-    static_assert(kKeys == 4, "the shift divides by kKeys");
-    shr(reg_groups, 2);
-    Label none;
-    test(reg_groups, reg_groups);
-    jz(none, T_NEAR);
-    row_blocks(reg_rows, max_rows, [&](int n) {
+    mov(reg_pv, ptr[reg_args + offsetof(QkCall, v_minus_k)]);
+    add(reg_pv, reg_pk);
+    row_blocks(reg_rows, kRows, [&](int n) {
       block(n);
       add(reg_q, n * cfg.qk_depth() * 4);
       add(reg_s, n * cfg.kb * 4);
     });
-    L(none);
     pop(reg_pv);
-    pop(reg_pk);
-    pop(reg_vk);
-    pop(reg_groups);
-    pop(reg_cnt);
     vzeroupper();
     ret();
   }
@@ -226,70 +213,58 @@ struct QkDirectJit : JitBase {
   void block(int n) {
     const int qrow = cfg.qk_depth() * 4;
     const int kstep = widen() ? cfg.vl * 2 : vbytes();  // bytes of K per vector
+    const int U = steps() >= 2 ? 2 : 1;
+    Label key, done;
+    mov(reg_kw, reg_k);
     mov(reg_sw, reg_s);
-    mov(reg_kg, reg_k);
-    mov(reg_grp, reg_groups);
-    Label grp, dep;
-    L(grp);
-    for (int r = 0; r < n; ++r)
-      for (int j = 0; j < kKeys; ++j) vxorps(acc(r, j), acc(r, j), acc(r, j));
-    // The head_dim loop, unrolled to a whole cache line of K per key where
-    // the steps divide into lines, so each line is asked for once.
-    const int per_line = std::max(1, 64 / kstep), unroll = steps() % per_line == 0 ? per_line : 1;
-    mov(reg_kw, reg_kg);
-    mov(reg_qw, reg_q);
-    mov(reg_cnt, steps() / unroll);
-    L(dep);
-    for (int u = 0; u < unroll; ++u) {
-      if (u == 0)
-        for (int j = 0; j < kKeys; ++j) {
-          if (l2) {
-            prefetcht1(ptr[reg_kw + reg_pk + j * krow()]);
-            prefetcht1(ptr[reg_kw + reg_pv + j * krow()]);
-          } else {
-            prefetcht0(ptr[reg_kw + reg_pk + j * krow()]);
-            prefetcht0(ptr[reg_kw + reg_pv + j * krow()]);
-          }
-        }
-      for (int j = 0; j < kKeys; ++j) {
-        if (widen()) {
-          vpmovzxwd(kreg(j), ptr[reg_kw + j * krow() + u * kstep]);
-          vpslld(kreg(j), kreg(j), 16);
-        } else {
-          vmovups(kreg(j), ptr[reg_kw + j * krow() + u * kstep]);
-        }
-      }
-      for (int r = 0; r < n; ++r) vmovups(qreg(r), ptr[reg_qw + r * qrow + u * vbytes()]);
-      for (int r = 0; r < n; ++r)
-        for (int j = 0; j < kKeys; ++j) mac(acc(r, j), kreg(j), qreg(r));
+    mov(reg_cnt, ptr[reg_args + offsetof(QkCall, keys)]);
+    test(reg_cnt, reg_cnt);
+    jz(done, T_NEAR);
+    L(key);
+    for (int l = 0; l < (krow() + 63) / 64; ++l) {
+      ask(ptr[reg_kw + reg_pk + l * 64]);
+      if (!l2) ask(ptr[reg_kw + reg_pv + l * 64]);
     }
-    add(reg_kw, kstep * unroll);
-    add(reg_qw, vbytes() * unroll);
-    dec(reg_cnt);
-    jnz(dep, T_NEAR);
+    for (int r = 0; r < n; ++r)
+      for (int u = 0; u < U; ++u) vxorps(acc(r, u), acc(r, u), acc(r, u));
+    for (int i = 0; i < steps(); ++i) {
+      const Xmm k = kreg(i % U);
+      if (widen()) {
+        vpmovzxwd(k, ptr[reg_kw + i * kstep]);
+        vpslld(k, k, 16);
+      } else {
+        vmovups(k, ptr[reg_kw + i * kstep]);
+      }
+      for (int r = 0; r < n; ++r) {
+        const Address qa = ptr[reg_q + r * qrow + i * vbytes()];
+        if (cfg.bf16_dot) vdpbf16ps(acc(r, i % U), k, qa);
+        else vfmadd231ps(acc(r, i % U), k, qa);
+      }
+    }
     // Horizontal sums: (512 ->) 256 -> 128 -> 64 -> 32 bits.
     const int t = tmp();
-    for (int r = 0; r < n; ++r)
-      for (int j = 0; j < kKeys; ++j) {
-        const int i = r * kKeys + j;
-        if (cfg.isa == Isa::Avx512) {
-          vextractf64x4(Ymm(t), Zmm(i), 1);
-          vaddps(Ymm(i), Ymm(i), Ymm(t));
-          vextractf32x4(Xmm(t), Ymm(i), 1);
-        } else {
-          vextractf128(Xmm(t), Ymm(i), 1);
-        }
-        vaddps(Xmm(i), Xmm(i), Xmm(t));
-        vmovhlps(Xmm(t), Xmm(t), Xmm(i));
-        vaddps(Xmm(i), Xmm(i), Xmm(t));
-        vmovshdup(Xmm(t), Xmm(i));
-        vaddss(Xmm(i), Xmm(i), Xmm(t));
-        vmovss(ptr[reg_sw + r * cfg.kb * 4 + j * 4], Xmm(i));
+    for (int r = 0; r < n; ++r) {
+      const int i = acc(r, 0).getIdx();
+      if (U == 2) vaddps(acc(r, 0), acc(r, 0), acc(r, 1));
+      if (cfg.isa == Isa::Avx512) {
+        vextractf64x4(Ymm(t), Zmm(i), 1);
+        vaddps(Ymm(i), Ymm(i), Ymm(t));
+        vextractf32x4(Xmm(t), Ymm(i), 1);
+      } else {
+        vextractf128(Xmm(t), Ymm(i), 1);
       }
-    add(reg_kg, kKeys * krow());
-    add(reg_sw, kKeys * 4);
-    dec(reg_grp);
-    jnz(grp, T_NEAR);
+      vaddps(Xmm(i), Xmm(i), Xmm(t));
+      vmovhlps(Xmm(t), Xmm(t), Xmm(i));
+      vaddps(Xmm(i), Xmm(i), Xmm(t));
+      vmovshdup(Xmm(t), Xmm(i));
+      vaddss(Xmm(i), Xmm(i), Xmm(t));
+      vmovss(ptr[reg_sw + r * cfg.kb * 4], Xmm(i));
+    }
+    add(reg_kw, krow());
+    add(reg_sw, 4);
+    dec(reg_cnt);
+    jnz(key, T_NEAR);
+    L(done);
   }
 };
 
@@ -374,6 +349,147 @@ struct PvJit : JitBase {
   }
 };
 
+// Decode and other few-row tiles on the plain path (f32 p; f32 or bf16 V in
+// cache layout): o[r] = o[r] * corr[r] + sum over k of p[r][k] * v[k], four
+// keys per pass over o (rows x head_dim floats, which stay in L1), each
+// pass reading the four V rows whole and in address order, where PvJit
+// walks a block's V rows a column block at a time (the Highway decode
+// core's DecodePV). The last 1-3 keys go one at a time.
+// Per step over head_dim (f32 V, AVX-512, into L2; p[r][k..k+3] were
+// broadcast into zmm9..zmm24 before the pass):
+//     prefetcht1 [r14] ; ... [r14+0xc0] ; add r14,0x100  ; this step's share of the V rows ahead
+//     vmovups zmm0,[r12] ; ... zmm3,[r12+0xc00]    ; 16 dims of keys k..k+3
+//     vmovups zmm4,[r13]                           ; o[0][h..h+15]
+//     vfmadd231ps zmm4,zmm0,zmm9 ; ... zmm3,zmm12  ; += p[0][k+j] * v[k+j]
+//     vmovups [r13],zmm4 ; ...                     ; rows 1..3 alike
+//     add r12,0x40 ; add r13,0x40 ; dec r15 ; jne
+// The kernel for L2 asks for the V rows PvCall::ahead bytes ahead, a few
+// lines per step over head_dim, so the requests run through the whole pass.
+struct PvDirectJit : JitBase {
+  const Reg64 reg_args = rdi, reg_p = r8, reg_v = r9, reg_o = r10, reg_corr = r11, reg_rows = rsi;
+  const Reg64 reg_pk = rax, reg_vk = rcx, reg_cnt = rdx, reg_ahead = rbx;
+  const Reg64 reg_vw = r12, reg_ow = r13, reg_pf = r14, reg_h = r15;  // the walk over head_dim
+  static constexpr int kRows = 4, kKeys = 4;
+  const bool ask;  // prefetcht1 of V rows PvCall::ahead bytes ahead
+
+  PvDirectJit(const CoreConfig& c, bool into_l2) : JitBase(c), ask(into_l2) { generate(); }
+
+  Xmm vreg(int j) const { return vec(j); }
+  Xmm oreg(int r) const { return vec(kKeys + r); }
+  Xmm tmp() const { return vec(kKeys + kRows); }
+  // p[r][k..k+3] held in registers where they fit (AVX-512's 32), else
+  // broadcast at each use.
+  bool p_in_regs() const { return cfg.isa == Isa::Avx512; }
+  Xmm preg(int r, int j) const { return vec(kKeys + kRows + 1 + r * kKeys + j); }
+  bool widen() const { return cfg.bf16_kv; }
+  int vrow() const { return cfg.head_dim * (widen() ? 2 : 4); }  // bytes per cache row
+  int vstep() const { return widen() ? cfg.vl * 2 : vbytes(); }  // bytes of a V row per vector
+  int steps() const { return cfg.head_dim / cfg.vl; }
+
+  void generate() {
+    const Reg64 saved[] = {reg_ahead, reg_vw, reg_ow, reg_pf, reg_h};  // callee-saved
+    for (const Reg64& r : saved) push(r);
+    mov(reg_p, ptr[reg_args + offsetof(PvCall, p)]);
+    mov(reg_v, ptr[reg_args + offsetof(PvCall, v)]);
+    mov(reg_o, ptr[reg_args + offsetof(PvCall, o)]);
+    mov(reg_corr, ptr[reg_args + offsetof(PvCall, corr)]);
+    mov(reg_rows, ptr[reg_args + offsetof(PvCall, rows)]);
+    mov(reg_ahead, ptr[reg_args + offsetof(PvCall, ahead)]);
+    row_blocks(reg_rows, kRows, [&](int n) {
+      block(n);
+      add(reg_p, n * cfg.kb * 4);
+      add(reg_o, n * cfg.head_dim * 4);
+      add(reg_corr, n * 4);
+    });
+    for (int i = 4; i >= 0; --i) pop(saved[i]);
+    vzeroupper();
+    ret();
+  }
+
+  // for (h = 0; h < steps(); ++h) body(): reg_vw and reg_ow walk V's and
+  // o's vectors of step h.
+  void over_h(const std::function<void()>& body) {
+    Label h;
+    mov(reg_vw, reg_vk);
+    mov(reg_ow, reg_o);
+    mov(reg_h, steps());
+    L(h);
+    body();
+    add(reg_vw, vstep());
+    add(reg_ow, vbytes());
+    dec(reg_h);
+    jnz(h, T_NEAR);
+  }
+
+  // One pass of `keys` keys over o; per step over head_dim, its share of
+  // the lines of the V rows ahead (keys x vrow bytes from reg_vk + ahead).
+  void pass(int n, int keys) {
+    const int orow = cfg.head_dim * 4, prow = cfg.kb * 4;
+    const int lines = (keys * vrow() + 63) / 64, per = (lines + steps() - 1) / steps();
+    const bool held = p_in_regs() && keys == kKeys;
+    if (held)
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < keys; ++j) vbroadcastss(preg(r, j), ptr[reg_pk + r * prow + j * 4]);
+    if (ask) lea(reg_pf, ptr[reg_vk + reg_ahead]);
+    over_h([&] {
+      if (ask) {
+        for (int l = 0; l < per; ++l) prefetcht1(ptr[reg_pf + l * 64]);
+        add(reg_pf, per * 64);
+      }
+      for (int j = 0; j < keys; ++j) {
+        if (widen()) {
+          vpmovzxwd(vreg(j), ptr[reg_vw + j * vrow()]);
+          vpslld(vreg(j), vreg(j), 16);
+        } else {
+          vmovups(vreg(j), ptr[reg_vw + j * vrow()]);
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        vmovups(oreg(r), ptr[reg_ow + r * orow]);
+        for (int j = 0; j < keys; ++j) {
+          if (held) {
+            vfmadd231ps(oreg(r), vreg(j), preg(r, j));
+          } else {
+            vbroadcastss(tmp(), ptr[reg_pk + r * prow + j * 4]);
+            vfmadd231ps(oreg(r), vreg(j), tmp());
+          }
+        }
+        vmovups(ptr[reg_ow + r * orow], oreg(r));
+      }
+    });
+    add(reg_pk, keys * 4);
+    add(reg_vk, keys * vrow());
+  }
+
+  void block(int n) {
+    const int orow = cfg.head_dim * 4;
+    mov(reg_vk, reg_v);
+    over_h([&] {  // o = o * corr
+      for (int r = 0; r < n; ++r) {
+        vbroadcastss(tmp(), ptr[reg_corr + r * 4]);
+        vmulps(oreg(r), tmp(), ptr[reg_ow + r * orow]);
+        vmovups(ptr[reg_ow + r * orow], oreg(r));
+      }
+    });
+    mov(reg_pk, reg_p);
+    mov(reg_cnt, ptr[reg_args + offsetof(PvCall, nk)]);
+    Label four, one, done;
+    L(four);
+    cmp(reg_cnt, kKeys);
+    jl(one, T_NEAR);
+    pass(n, kKeys);
+    sub(reg_cnt, kKeys);
+    jmp(four, T_NEAR);
+    L(one);
+    test(reg_cnt, reg_cnt);
+    jz(done, T_NEAR);
+    pass(n, 1);
+    dec(reg_cnt);
+    jmp(one, T_NEAR);
+    L(done);
+  }
+};
+
 }  // namespace
 
 struct CoreKernels {
@@ -381,6 +497,7 @@ struct CoreKernels {
   std::unique_ptr<QkJit> qk;
   std::unique_ptr<PvJit> pv;
   std::unique_ptr<QkDirectJit> qk_direct, qk_direct_l2;
+  std::unique_ptr<PvDirectJit> pv_direct, pv_direct_l2;
   std::unique_ptr<ContextEntry<CoreContext>> entry;
   double gen_ms = 0;
 };
@@ -400,18 +517,28 @@ std::shared_ptr<CoreKernels> build_core(const CoreConfig& cfg, const std::string
     k->ctx.qk_direct = k->qk_direct->getCode<QkFn>();
     k->ctx.qk_direct_l2 = k->qk_direct_l2->getCode<QkFn>();
   }
+  if (k->qk_direct) {
+    k->pv_direct = std::make_unique<PvDirectJit>(cfg, false);
+    k->pv_direct_l2 = std::make_unique<PvDirectJit>(cfg, true);
+    k->ctx.pv_direct = k->pv_direct->getCode<PvFn>();
+    k->ctx.pv_direct_l2 = k->pv_direct_l2->getCode<PvFn>();
+  }
   k->entry = std::make_unique<ContextEntry<CoreContext>>(&k->ctx, cfg.isa == Isa::Avx512 ? &core_avx512 : &core_avx2);
   // Executable, no longer writable.
   k->qk->setProtectModeRE();
   k->pv->setProtectModeRE();
   if (k->qk_direct) k->qk_direct->setProtectModeRE();
   if (k->qk_direct_l2) k->qk_direct_l2->setProtectModeRE();
+  if (k->pv_direct) k->pv_direct->setProtectModeRE();
+  if (k->pv_direct_l2) k->pv_direct_l2->setProtectModeRE();
   k->entry->setProtectModeRE();
   k->gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   dump_code(dump_name, "qk", *k->qk);
   dump_code(dump_name, "pv", *k->pv);
   if (k->qk_direct) dump_code(dump_name, "qk_direct", *k->qk_direct);
   if (k->qk_direct_l2) dump_code(dump_name, "qk_direct_l2", *k->qk_direct_l2);
+  if (k->pv_direct) dump_code(dump_name, "pv_direct", *k->pv_direct);
+  if (k->pv_direct_l2) dump_code(dump_name, "pv_direct_l2", *k->pv_direct_l2);
   dump_code(dump_name, "entry", *k->entry);
   return k;
 }
@@ -420,7 +547,8 @@ g3_core_fn core_entry(const CoreKernels& k) { return k.entry->getCode<g3_core_fn
 double core_gen_ms(const CoreKernels& k) { return k.gen_ms; }
 size_t core_code_bytes(const CoreKernels& k) {
   return k.qk->getSize() + k.pv->getSize() + k.entry->getSize() +
-         (k.qk_direct ? k.qk_direct->getSize() + k.qk_direct_l2->getSize() : 0);
+         (k.qk_direct ? k.qk_direct->getSize() + k.qk_direct_l2->getSize() : 0) +
+         (k.pv_direct ? k.pv_direct->getSize() + k.pv_direct_l2->getSize() : 0);
 }
 
 }  // namespace g3::xbyak

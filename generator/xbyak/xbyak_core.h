@@ -2,7 +2,7 @@
 // a configuration per kernel key, JIT'd micro-kernels for the hot loops
 // (Q.K^T over head_dim: `qk` on transposed key tiles for many query rows,
 // `qk_direct` on keys in cache layout for decode-sized tiles; and `pv`, the
-// P.V accumulation) and the C++ tile loop that drives them (mask
+// P.V accumulation, with `pv_direct` for decode-sized tiles) and the C++ tile loop that drives them (mask
 // classification per tile, online softmax, exp; core_driver-inl.h).
 //
 // Layout in the style of oneDNN's x64 JIT: a config struct, one class per
@@ -61,12 +61,11 @@ struct QkCall {
   float* s;          // [rows][kb] f32 logits; columns 0..tk-1 are written
   int64_t rows;
   // Keys to compute. The direct kernel (decode), which reads keys straight
-  // from cache rows, writes columns 0..keys-1 (a multiple of 4, at most kb);
-  // the transposed kernel always computes its sub-tile's tk.
+  // from cache rows, writes columns 0..keys-1 (at most kb); the transposed
+  // kernel always computes its sub-tile's tk.
   int64_t keys;
   // Direct kernel only: bytes from a K row to the V row of the same slot
-  // (a->v - a->k), so it can prefetch both (templates/decode_prefetch.h);
-  // 0 prefetches K alone.
+  // (a->v - a->k), so it can prefetch both (templates/decode_prefetch.h).
   int64_t v_minus_k;
   // Direct kernel only: how many bytes past each K (and V) row it reads it
   // asks for (the call's prefetch hint in whole keys, kernel_contract.h).
@@ -79,6 +78,9 @@ struct PvCall {
   const float* corr; // [rows] online-softmax rescale factors
   int64_t rows;
   int64_t nk;        // keys (or key pairs on the vdpbf16ps path) in this block, >= 1
+  // Direct kernel into L2 only: how many bytes past each V row it reads it
+  // asks for (as QkCall::ahead).
+  int64_t ahead;
 };
 using QkFn = void (*)(const QkCall*);
 using PvFn = void (*)(const PvCall*);
@@ -95,6 +97,11 @@ struct CoreContext {
   // prefetching into L1 (qk_direct) or L2 (qk_direct_l2), as the call's
   // hint says.
   QkFn qk_direct = nullptr, qk_direct_l2 = nullptr;
+  // P.V for the same tiles with f32 p (rounded to bf16 on the vdpbf16ps
+  // path) and V in cache layout; the L2 kernel asks for V's rows ahead,
+  // which qk_direct_l2 leaves to it (qk_direct asks for K's and V's rows
+  // into L1). Present whenever qk_direct is.
+  PvFn pv_direct = nullptr, pv_direct_l2 = nullptr;
 };
 
 // The tile loops, one per instruction set (core_driver.cc).
