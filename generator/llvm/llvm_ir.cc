@@ -105,7 +105,7 @@ class Emitter {
   void emit_pv_tile(const CoreState& st, int R);
   void emit_qk_decode(const CoreState& st, int R, int locality, bool ask_v);
   void emit_pv_decode(const CoreState& st, int R, int locality);
-  void prefetch_lines(Value* base, Value* elem, int from, int to, int locality);
+  void prefetch_lines(Value* base, Value* elem, int lines, int locality);
 
   // ---- small helpers -------------------------------------------------------
   Function* new_function(const char* name) {
@@ -455,11 +455,12 @@ void Emitter::emit_qk_tile(const CoreState& st, int R) {
 // head_dim per register block, held across a loop over the tile's TK slots.
 // Invalid slots may hold anything (unwritten cache memory, NaN included):
 // their values are zeroed by the validity bits, so p = 0 never meets a NaN.
-// A block of fewer rows than pv_rows (a decode tile of G < 4 rows) spends
-// the accumulators the missing rows leave on more vectors, up to 4: with
-// 16 registers, 2 rows x 2 vectors took 0.99-1.17x the time of 2 x 4 on
-// 4B's decode rows, whose tiles have 2 rows (AMD EPYC Zen 4, --isa
-// avx2/ssse3/scalar, warm rows, 3 alternations).
+// A block of fewer rows than pv_rows (a tile whose row count has fewer
+// factors of two, as at an odd G) spends the accumulators the missing rows
+// leave on more vectors, up to 4: with 16 registers, 2 rows x 2 vectors
+// took 0.99-1.17x the time of 2 x 4 on 4B's decode rows when they ran this
+// loop, tiles of 2 rows (AMD EPYC Zen 4, --isa avx2/ssse3/scalar, warm
+// rows, 3 alternations; decode tiles take emit_pv_decode now).
 void Emitter::emit_pv_tile(const CoreState& st, int R) {
   const int TK = tiling_.tk, RB = pow2_divisor(R, tiling_.pv_rows);
   const int HB = pow2_divisor(NV, std::min(4, tiling_.pv_vecs * (tiling_.pv_rows / RB)));
@@ -503,11 +504,11 @@ void Emitter::emit_pv_tile(const CoreState& st, int R) {
   });
 }
 
-// Asks for the lines [from, to) (64 bytes each) from KV element `elem` of
-// `base` on, into L1 (locality 3) or L2 (2).
-void Emitter::prefetch_lines(Value* base, Value* elem, int from, int to, int locality) {
+// Asks for `lines` lines (64 bytes each) from KV element `elem` of `base`
+// on, into L1 (locality 3) or L2 (2).
+void Emitter::prefetch_lines(Value* base, Value* elem, int lines, int locality) {
   Value* p = b.CreateGEP(bf16_ ? i16 : f32, base, elem);
-  for (int l = from; l < to; ++l)
+  for (int l = 0; l < lines; ++l)
     b.CreateIntrinsic(Intrinsic::prefetch, {ptr}, {b.CreateGEP(i8, p, c64(int64_t(l) * 64)), c32(0), c32(locality), c32(1)});
 }
 
@@ -530,8 +531,8 @@ void Emitter::emit_qk_decode(const CoreState& st, int R, int locality, bool ask_
       Value* kb = b.CreateMul(b.CreateLoad(i64, b.CreateInBoundsGEP(i64, st.kslot, j)), c64(H));
       if_(b.CreateICmpEQ(rb, c64(0)), [&] {
         Value* e = b.CreateAdd(kb, st.pf_ahead);
-        prefetch_lines(st.K, e, 0, lines, locality);
-        if (ask_v) prefetch_lines(st.V, e, 0, lines, locality);
+        prefetch_lines(st.K, e, lines, locality);
+        if (ask_v) prefetch_lines(st.V, e, lines, locality);
       });
       for (int x = 0; x < RB * U; ++x) b.CreateStore(splatf(VL, 0.f), st.accs[x]);
       for_(c64(0), c64(NV), U, [&](Value* c) {
@@ -592,7 +593,7 @@ void Emitter::emit_pv_decode(const CoreState& st, int R, int locality) {
         if (locality)
           if_(b.CreateICmpEQ(rb, c64(0)), [&] {
             Value* e = b.CreateAdd(pf_at, b.CreateMul(c, c64(int64_t(per) * 64 / (bf16_ ? 2 : 4))));
-            prefetch_lines(st.V, e, 0, per, locality);
+            prefetch_lines(st.V, e, per, locality);
           });
         Value* e = b.CreateMul(c, c64(VL));
         std::vector<Value*> vv;

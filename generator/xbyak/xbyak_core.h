@@ -92,10 +92,9 @@ struct CoreContext {
   const FlashOps* flash = nullptr;
   QkFn qk = nullptr;
   PvFn pv = nullptr;
-  // QK for tiles of few rows (decode) on keys in cache
-  // layout (QkCall::kt = the block's first cache row, kb rows readable),
-  // prefetching into L1 (qk_direct) or L2 (qk_direct_l2), as the call's
-  // hint says.
+  // QK for tiles of few rows (decode) on keys in cache layout (QkCall::kt
+  // = the block's first cache row, QkCall::keys rows read), prefetching
+  // into L1 (qk_direct) or L2 (qk_direct_l2), as the call's hint says.
   QkFn qk_direct = nullptr, qk_direct_l2 = nullptr;
   // P.V for the same tiles with f32 p (rounded to bf16 on the vdpbf16ps
   // path) and V in cache layout; the L2 kernel asks for V's rows ahead,
