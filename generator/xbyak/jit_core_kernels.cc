@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <xbyak/xbyak.h>
 #include <xbyak/xbyak_util.h>
@@ -401,7 +402,7 @@ struct PvDirectJit : JitBase {
       add(reg_o, n * cfg.head_dim * 4);
       add(reg_corr, n * 4);
     });
-    for (int i = 4; i >= 0; --i) pop(saved[i]);
+    for (auto r = std::rbegin(saved); r != std::rend(saved); ++r) pop(*r);
     vzeroupper();
     ret();
   }
