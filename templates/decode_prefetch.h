@@ -27,8 +27,9 @@
 // --model 1b,4b --context 2048,32768 --kv-dtype f32,bf16`, 3 alternations;
 // asking for K in the logits and V in P.V, each just ahead of its own
 // loads, did not help; 16-32 KiB ahead into L2, V's rows asked for a few
-// lines per step of P.V did, in the Highway core: attention-inl.h,
-// CoreDecodeGroup). So g3_core_args carries the distance and level,
+// lines per step of P.V did, in the Highway core (attention-inl.h,
+// CoreDecodeGroup) and then in the LLVM and Xbyak decode loops, which are
+// the same loops). So g3_core_args carries the distance and level,
 // `g3attn tune` measures the candidates on the CPU at hand
 // (runtime/dispatch/prefetch_route.h), and this default serves calls that
 // pass zero; the Highway core and the LLVM and Xbyak cores honour both.

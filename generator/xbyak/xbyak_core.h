@@ -2,8 +2,9 @@
 // a configuration per kernel key, JIT'd micro-kernels for the hot loops
 // (Q.K^T over head_dim: `qk` on transposed key tiles for many query rows,
 // `qk_direct` on keys in cache layout for decode-sized tiles; and `pv`, the
-// P.V accumulation, with `pv_direct` for decode-sized tiles) and the C++ tile loop that drives them (mask
-// classification per tile, online softmax, exp; core_driver-inl.h).
+// P.V accumulation, with `pv_direct` for decode-sized tiles) and the C++
+// tile loop that drives them (mask classification per tile, online
+// softmax, exp; core_driver-inl.h).
 //
 // Layout in the style of oneDNN's x64 JIT: a config struct, one class per
 // kernel deriving from Xbyak::CodeGenerator with its registers as named
