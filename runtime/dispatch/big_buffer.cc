@@ -11,11 +11,12 @@ namespace g3 {
 namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kLine = 64;
+constexpr size_t kHugeFrom = kHugePage / 4;  // big_buffer.h: what goes on huge pages
 
 // The bytes a buffer really has: the line past the end, rounded to whole
 // alignment units.
 size_t rounded(size_t bytes, size_t align) { return (bytes + kLine + align - 1) / align * align; }
-size_t alignment(size_t bytes) { return bytes >= kHugePage ? kHugePage : kLine; }
+size_t alignment(size_t bytes) { return bytes >= kHugeFrom ? kHugePage : kLine; }
 
 // n bytes (a multiple of 2 MiB) of a fresh mapping, 2 MiB aligned: map one
 // huge page more, then return the slack on either side.
