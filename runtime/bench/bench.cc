@@ -808,9 +808,7 @@ Result run_bench(Options o) {
         t.timed_ms += t.ms.back();
         t.spent_s += seconds_since(e0);
         const int r = int(t.ms.size());
-        bool again = r < t.want;
-        if (!fixed_repeat && !t.cold) again |= t.timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat;
-        if (!fixed_repeat && t.cold) again |= t.spent_s < kColdRowSeconds && r < kMaxColdRepeat;
+        bool again = r < t.want || (!fixed_repeat && !t.cold && t.timed_ms < kMinRowSeconds * 1e3 && r < kMaxRepeat);
         if (!fixed_repeat && t.spent_s > kRowSeconds) again = false;
         if (again && !fixed_repeat && run_time_cut && seconds_since(t_start) > kDefaultRunSeconds) {
           notes.add("the default run passed " + fmt("%.0f", kDefaultRunSeconds) +

@@ -35,15 +35,6 @@ inline constexpr int kMaxRepeat = 2000;
 // apart, AMD EPYC Zen 5); with 11 runs, three benches agreed on every shape
 // but one 2% tie. Each run costs an eviction (about 12 ms there).
 inline constexpr int kDefaultColdRepeat = 11;
-// Past those, a cold-cache row with the default --repeat keeps taking runs
-// (up to kMaxColdRepeat) until its runs and evictions add up to this many
-// seconds: the short ones are the noisy ones. On an AMD EPYC Zen 4 (2
-// cores) the runs of 1B's global decode over 4096 positions spread from
-// 0.19 to 0.44 ms, and the medians of 11 put one backend 1.07-1.29x behind
-// the others in three benches where medians of 41 put all within 5%; such
-// a row's 41 runs with their evictions take about 0.15 s there.
-inline constexpr double kColdRowSeconds = 0.3;
-inline constexpr int kMaxColdRepeat = 41;
 // A row predicted to need more than this per run is skipped with a note:
 // always for the reference backend, and for every backend when the contexts
 // are the defaults (so the default run stays short).

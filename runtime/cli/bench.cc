@@ -64,11 +64,10 @@ std::vector<Option> bench_options() {
       {"threads", Arity::Value, "N", "threads for the kernels and the peaks (default all cores: " +
                                          std::to_string(cores) + ")"},
       {"repeat", Arity::Value, "N",
-       "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) +
-           ", more - up to " + std::to_string(bench::kMaxRepeat) + " - until they add up to " +
-           secs(bench::kMinRowSeconds) + " s; on cold-cache rows " + std::to_string(bench::kDefaultColdRepeat) +
-           ", more - up to " + std::to_string(bench::kMaxColdRepeat) + " - until they and their evictions add up to " +
-           secs(bench::kColdRowSeconds) + " s; fewer - at least 1 - once a row's runs pass " +
+       "timed runs per row after one warm-up (default " + std::to_string(bench::kDefaultRepeat) + ", " +
+           std::to_string(bench::kDefaultColdRepeat) + " on cold-cache rows, more - up to " +
+           std::to_string(bench::kMaxRepeat) + " - until they add up to " +
+           secs(bench::kMinRowSeconds) + " s except on cold-cache rows, fewer - at least 1 - once a row's runs pass " +
            secs(bench::kRowSeconds) + " s; an explicit N is always honoured)"},
       {"kv-dtype", Arity::Value, "T", "KV cache element types f32|bf16|all or a comma list (default f32)"},
       {"compute", Arity::Value, "MODE",
