@@ -27,11 +27,11 @@ KvBytes kv_bytes(const ModelConfig& m, int64_t context, int64_t batch, DType dty
 LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, int64_t context, int64_t chunk) {
   init(spec, dtype, batch, context, chunk);
   // K and V in one buffer (V from the first line after K), so a small
-  // cache still fills huge pages (big_buffer.h): 1B's local layers' rings
-  // held their 1 MiB of K and 1 MiB of V (f32) on 4 KiB pages, and a
-  // thread streamed them at 13-15 GB/s against 20-23 GB/s from the global
-  // layers' caches (AMD EPYC Zen 4 VM, one thread, decode over 4096
-  // positions).
+  // cache still goes on huge pages (big_buffer.h): 1B's local layers' rings
+  // (1023 slots: just under 1 MiB each of K and V in f32, 512 KiB in bf16)
+  // were on 4 KiB pages, and their decode rows took 0.78-0.87x the time
+  // once they were not (AMD EPYC Zen 4 VM, two threads, `g3attn bench
+  // --phase decode --model 1b`, old and new binaries alternating).
   const size_t k_bytes = seq_bytes_ * size_t(batch), v_at = (k_bytes + 63) / 64 * 64;
   const std::shared_ptr<uint8_t> both = alloc_big_zeroed(v_at + k_bytes);
   k_ = both;

@@ -311,6 +311,27 @@ TEST_CASE("LayerKvCache assigns ring slots in arrival order and rejects bad posi
   CHECK(global.last_position(0) == -1);
 }
 
+TEST_CASE("LayerKvCache keeps K and V in one buffer, on 2 MiB pages once it holds 512 KiB", "[kv][unit]") {
+  // 1B's local ring (1023 slots of one 256-wide KV head) in bf16: just
+  // under 512 KiB each of K and V, so alone neither reaches the size that
+  // goes on huge pages (runtime/dispatch/big_buffer.h); together they do.
+  const ModelConfig m = builtin_model("1b");
+  const LayerSpec local = layer_spec(m, 0);
+  REQUIRE(local.window == 512);
+  for (DType t : {DType::F32, DType::BF16}) {
+    LayerKvCache c(local, t, 2, 8192, 512);
+    CAPTURE(int(t));
+    CHECK(c.capacity() == 1023);
+    const auto* k = static_cast<const uint8_t*>(c.k(0));
+    const auto* v = static_cast<const uint8_t*>(c.v(0));
+    CHECK(reinterpret_cast<uintptr_t>(k) % (size_t{2} << 20) == 0);
+    CHECK(v - k == std::ptrdiff_t((2 * c.sequence_bytes() + 63) / 64 * 64));  // both rows' K, then the next line
+    CHECK(static_cast<const uint8_t*>(c.k(1)) - k == std::ptrdiff_t(c.sequence_bytes()));
+    CHECK(static_cast<const uint8_t*>(c.v(1)) - v == std::ptrdiff_t(c.sequence_bytes()));
+    CHECK(reinterpret_cast<uintptr_t>(v) % 64 == 0);
+  }
+}
+
 TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][plan]") {
   ModelConfig m = builtin_model("27b");
   const uint64_t per_slot = 2ull * 16 * 128 * 2;  // K and V, 16 KV heads, dh 128, bf16
