@@ -29,7 +29,7 @@ LayerKvCache::LayerKvCache(const LayerSpec& spec, DType dtype, int64_t batch, in
   // K and V in one buffer (V from the first line after K), so a small
   // cache still goes on huge pages (big_buffer.h): 1B's local layers' rings
   // (1023 slots: just under 1 MiB each of K and V in f32, 512 KiB in bf16)
-  // were on 4 KiB pages, and their decode rows took 0.78-0.87x the time
+  // were on 4 KiB pages, and their decode rows took 0.75-0.88x the time
   // once they were not (AMD EPYC Zen 4 VM, two threads, `g3attn bench
   // --phase decode --model 1b`, old and new binaries alternating).
   const size_t k_bytes = seq_bytes_ * size_t(batch), v_at = (k_bytes + 63) / 64 * 64;
