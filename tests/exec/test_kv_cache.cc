@@ -318,18 +318,22 @@ TEST_CASE("LayerKvCache keeps K and V in one buffer, on 2 MiB pages once it hold
   const ModelConfig m = builtin_model("1b");
   const LayerSpec local = layer_spec(m, 0);
   REQUIRE(local.window == 512);
-  for (DType t : {DType::F32, DType::BF16}) {
-    LayerKvCache c(local, t, 2, 8192, 512);
-    CAPTURE(int(t));
-    CHECK(c.capacity() == 1023);
-    const auto* k = static_cast<const uint8_t*>(c.k(0));
-    const auto* v = static_cast<const uint8_t*>(c.v(0));
-    CHECK(reinterpret_cast<uintptr_t>(k) % (size_t{2} << 20) == 0);
-    CHECK(v - k == std::ptrdiff_t((2 * c.sequence_bytes() + 63) / 64 * 64));  // both rows' K, then the next line
-    CHECK(static_cast<const uint8_t*>(c.k(1)) - k == std::ptrdiff_t(c.sequence_bytes()));
-    CHECK(static_cast<const uint8_t*>(c.v(1)) - v == std::ptrdiff_t(c.sequence_bytes()));
-    CHECK(reinterpret_cast<uintptr_t>(v) % 64 == 0);
-  }
+  for (DType t : {DType::F32, DType::BF16})
+    for (int64_t batch : {1, 2}) {
+      LayerKvCache c(local, t, batch, 8192, 512);
+      CAPTURE(int(t), batch);
+      CHECK(c.capacity() == 1023);
+      const auto* k = static_cast<const uint8_t*>(c.k(0));
+      const auto* v = static_cast<const uint8_t*>(c.v(0));
+      CHECK(reinterpret_cast<uintptr_t>(k) % (size_t{2} << 20) == 0);
+      // Every row's K, then from the next line every row's V.
+      CHECK(v - k == std::ptrdiff_t((size_t(batch) * c.sequence_bytes() + 63) / 64 * 64));
+      CHECK(reinterpret_cast<uintptr_t>(v) % 64 == 0);
+      if (batch == 2) {
+        CHECK(static_cast<const uint8_t*>(c.k(1)) - k == std::ptrdiff_t(c.sequence_bytes()));
+        CHECK(static_cast<const uint8_t*>(c.v(1)) - v == std::ptrdiff_t(c.sequence_bytes()));
+      }
+    }
 }
 
 TEST_CASE("kv_bytes: 27B at 128K positions, bf16, ring vs full length", "[kv][plan]") {
