@@ -11,12 +11,16 @@
 
 namespace g3 {
 
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+// A quarter of a huge page: such a buffer maps at most 4x the memory asked
+// for, a bigger one at most 2 MiB more (1B's local layers keep rings of
+// 1023 slots, just under 1 MiB of K and V together in bf16).
+constexpr size_t kHugePagesFrom = kHugePageBytes / 4;
+
 // At least `bytes` bytes (and 64 more, so a vector kernel may read a whole
 // line at the last element), 64-byte aligned, not initialised, freed when
-// the last owner goes. Buffers of 512 KiB or more (a quarter of a huge page:
-// at most 4x the memory asked for, 2 MiB more at most per buffer; 1B's
-// local layers keep rings of 1023 slots, 1 MiB of K and V in bf16) are
-// fresh anonymous mappings aligned to 2 MiB and advised as huge pages (madvise
+// the last owner goes. Buffers of kHugePagesFrom bytes or more are fresh
+// anonymous mappings aligned to 2 MiB and advised as huge pages (madvise
 // MADV_HUGEPAGE, honoured when transparent huge pages are in "madvise" or
 // "always" mode) before anything touches them, so the thread that first
 // writes a page decides where it lives. Not malloc's memory: what malloc

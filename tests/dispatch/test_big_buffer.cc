@@ -16,8 +16,8 @@
 using namespace g3;
 
 namespace {
-constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kHugeFrom = kHugePage / 4;
+constexpr size_t kHugePage = kHugePageBytes;
+constexpr size_t kHugeFrom = kHugePagesFrom;
 const size_t kSizes[] = {1, 63, 64, 4096, kHugeFrom - 1, kHugeFrom, kHugePage - 1, kHugePage, 5 * kHugePage + 3};
 }  // namespace
 

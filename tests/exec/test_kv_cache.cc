@@ -16,6 +16,7 @@
 #include <random>
 
 #include "generator/errors.h"
+#include "runtime/dispatch/big_buffer.h"
 #include "runtime/dispatch/isa.h"
 #include "runtime/exec/kv_cache.h"
 #include "runtime/exec/model.h"
@@ -325,7 +326,7 @@ TEST_CASE("LayerKvCache keeps K and V in one buffer, on 2 MiB pages once it hold
       CHECK(c.capacity() == 1023);
       const auto* k = static_cast<const uint8_t*>(c.k(0));
       const auto* v = static_cast<const uint8_t*>(c.v(0));
-      CHECK(reinterpret_cast<uintptr_t>(k) % (size_t{2} << 20) == 0);
+      CHECK(reinterpret_cast<uintptr_t>(k) % kHugePageBytes == 0);
       // Every row's K, then from the next line every row's V.
       CHECK(v - k == std::ptrdiff_t((size_t(batch) * c.sequence_bytes() + 63) / 64 * 64));
       CHECK(reinterpret_cast<uintptr_t>(v) % 64 == 0);
